@@ -1,0 +1,4 @@
+//! `kudos-orchestrator`: see the crate docs in lib.rs for what it does.
+fn main() -> std::process::ExitCode {
+    kudos_orchestrator::main_with_args()
+}
