@@ -20,7 +20,12 @@ pub enum LogFormat {
 #[derive(Clone, Debug, Args)]
 pub struct LogArgs {
     /// Log filter in `RUST_LOG` syntax, e.g. `info` or `kudos_orchestrator=debug,info`.
-    #[arg(long = "log-level", env = "KUDOS_LOG", default_value = "info", global = true)]
+    #[arg(
+        long = "log-level",
+        env = "KUDOS_LOG",
+        default_value = "info",
+        global = true
+    )]
     pub level: String,
     /// Log format.
     #[arg(long = "log-format", env = "KUDOS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
@@ -39,7 +44,12 @@ impl LogArgs {
                 .with(fmt::layer().with_writer(std::io::stderr).with_target(true))
                 .try_init(),
             LogFormat::Json => registry
-                .with(fmt::layer().json().with_writer(std::io::stderr).with_current_span(true))
+                .with(
+                    fmt::layer()
+                        .json()
+                        .with_writer(std::io::stderr)
+                        .with_current_span(true),
+                )
                 .try_init(),
         };
         result.map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))
