@@ -1,0 +1,316 @@
+//! etcd + kube-apiserver + kube-scheduler on 127.0.0.1 with generated certificates and a
+//! static token, plus a [`kube::Client`] for the test.
+
+use crate::paths::{RunDir, upstream_bin};
+use crate::proc::{Proc, free_port, tail, wait_for};
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use kube::api::{Api, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// The admin bearer token written into the static token file.
+pub const ADMIN_TOKEN: &str = "kudos-e2e-admin-token";
+
+/// How kube-scheduler calls the Kudos extender.
+#[derive(Debug, Clone)]
+pub struct ExtenderOptions {
+    /// `http://127.0.0.1:<port><prefix>` (e.g. `/kudos/v1`).
+    pub url_prefix: String,
+    /// Verb for filter, `None` to skip.
+    pub filter_verb: Option<String>,
+    /// Verb for prioritize, `None` to skip.
+    pub prioritize_verb: Option<String>,
+    /// Verb for bind, `None` when kube-scheduler binds.
+    pub bind_verb: Option<String>,
+    /// Weight of the extender's score.
+    pub weight: i64,
+    /// Whether kube-scheduler ignores the extender when it fails.
+    pub ignorable: bool,
+    /// Managed resource name (`kudos.dev/gpu`), `ignoredByScheduler: true`.
+    pub managed_resource: String,
+    /// HTTP timeout.
+    pub timeout: Duration,
+}
+
+impl ExtenderOptions {
+    /// The Kudos defaults: filter + prioritize, weight 5, not ignorable, `kudos.dev/gpu`.
+    pub fn kudos(url_prefix: impl Into<String>) -> Self {
+        Self {
+            url_prefix: url_prefix.into(),
+            filter_verb: Some("filter".into()),
+            prioritize_verb: Some("prioritize".into()),
+            bind_verb: None,
+            weight: 5,
+            ignorable: false,
+            managed_resource: "kudos.dev/gpu".into(),
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What to start.
+#[derive(Debug, Clone, Default)]
+pub struct ControlPlaneOptions {
+    /// Start kube-scheduler (with the extender when given).
+    pub scheduler: bool,
+    /// Wire this extender into the scheduler configuration.
+    pub extender: Option<ExtenderOptions>,
+    /// Client QPS for kube-scheduler (default 50 as upstream; raise for benchmarks).
+    pub scheduler_qps: Option<u32>,
+    /// Extra kube-apiserver flags.
+    pub apiserver_args: Vec<String>,
+}
+
+/// A running control plane. Dropping it stops scheduler, apiserver, etcd in that order.
+pub struct ControlPlane {
+    /// Processes in stop order (scheduler first, etcd last).
+    procs: Vec<Proc>,
+    /// `https://127.0.0.1:<port>`.
+    pub server: String,
+    /// kubeconfig with the admin token (for kube-scheduler and Kudos binaries).
+    pub kubeconfig: PathBuf,
+    /// Client for the test.
+    pub client: Client,
+    /// The run directory (logs, certificates, data).
+    pub dir: PathBuf,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane").field("server", &self.server).field("dir", &self.dir).finish()
+    }
+}
+
+fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
+    let out = Command::new("openssl").args(args).current_dir(dir).output().context("run openssl")?;
+    if !out.status.success() {
+        bail!("openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+/// CA, a serving certificate for 127.0.0.1/localhost, and a service-account key pair.
+fn make_certs(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    openssl(dir, &["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=kudos-e2e-ca"])?;
+    std::fs::write(
+        dir.join("san.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,IP:10.0.0.1\n\
+         extendedKeyUsage=serverAuth,clientAuth\n",
+    )?;
+    openssl(dir, &["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=kube-apiserver"])?;
+    openssl(dir, &["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.crt", "-days", "2", "-extfile", "san.cnf"])?;
+    openssl(dir, &["genrsa", "-out", "sa.key", "2048"])?;
+    openssl(dir, &["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"])?;
+    Ok(())
+}
+
+fn write_kubeconfig(path: &Path, server: &str, ca: &Path, token: &str) -> Result<()> {
+    let kc = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: {server}\n    certificate-authority: {}\n\
+         users:\n- name: admin\n  user:\n    token: {token}\ncontexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: admin\n    namespace: default\n\
+         current-context: e2e\n",
+        ca.display()
+    );
+    std::fs::write(path, kc)?;
+    Ok(())
+}
+
+/// The `KubeSchedulerConfiguration` (v1) for kube-scheduler.
+pub fn scheduler_config(kubeconfig: &Path, qps: u32, extender: Option<&ExtenderOptions>) -> String {
+    let mut s = format!(
+        "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n\
+         clientConnection:\n  kubeconfig: {}\n  qps: {qps}\n  burst: {}\n\
+         leaderElection:\n  leaderElect: false\n\
+         percentageOfNodesToScore: 100\n",
+        kubeconfig.display(),
+        qps * 2
+    );
+    if let Some(e) = extender {
+        s.push_str("extenders:\n");
+        s.push_str(&format!("- urlPrefix: {}\n", e.url_prefix));
+        if let Some(v) = &e.filter_verb {
+            s.push_str(&format!("  filterVerb: {v}\n"));
+        }
+        if let Some(v) = &e.prioritize_verb {
+            s.push_str(&format!("  prioritizeVerb: {v}\n"));
+        }
+        if let Some(v) = &e.bind_verb {
+            s.push_str(&format!("  bindVerb: {v}\n"));
+        }
+        s.push_str(&format!(
+            "  weight: {}\n  enableHTTPS: false\n  nodeCacheCapable: true\n  ignorable: {}\n  httpTimeout: {}ms\n\
+             \x20 managedResources:\n  - name: {}\n    ignoredByScheduler: true\n",
+            e.weight,
+            e.ignorable,
+            e.timeout.as_millis(),
+            e.managed_resource
+        ));
+    }
+    s
+}
+
+impl ControlPlane {
+    /// Starts etcd and kube-apiserver (and kube-scheduler when asked) in `run`, waits until
+    /// the API server is ready, and creates the `default` ServiceAccount.
+    pub async fn start(run: &RunDir, opts: ControlPlaneOptions) -> Result<Self> {
+        let dir = run.path().to_path_buf();
+        let certs = dir.join("pki");
+        make_certs(&certs)?;
+
+        // etcd
+        let (ec, ep) = (free_port(), free_port());
+        let mut etcd_cmd = Command::new(upstream_bin("etcd"));
+        etcd_cmd.args([
+            "--name=e2e".to_string(),
+            format!("--data-dir={}", dir.join("etcd").display()),
+            format!("--listen-client-urls=http://127.0.0.1:{ec}"),
+            format!("--advertise-client-urls=http://127.0.0.1:{ec}"),
+            format!("--listen-peer-urls=http://127.0.0.1:{ep}"),
+            format!("--initial-advertise-peer-urls=http://127.0.0.1:{ep}"),
+            format!("--initial-cluster=e2e=http://127.0.0.1:{ep}"),
+            "--unsafe-no-fsync=true".into(),
+            "--log-level=warn".into(),
+        ]);
+        let etcd = Proc::spawn("etcd", etcd_cmd, &dir.join("etcd.log"))?;
+        let mut procs = vec![etcd];
+
+        // kube-apiserver
+        let port = free_port();
+        std::fs::write(dir.join("tokens.csv"), format!("{ADMIN_TOKEN},kudos-e2e-admin,1,\"system:masters\"\n"))?;
+        let mut api = Command::new(upstream_bin("kube-apiserver"));
+        let c = |f: &str| certs.join(f).display().to_string();
+        api.args([
+            format!("--etcd-servers=http://127.0.0.1:{ec}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={port}"),
+            format!("--cert-dir={}", dir.join("apiserver-certs").display()),
+            format!("--tls-cert-file={}", c("server.crt")),
+            format!("--tls-private-key-file={}", c("server.key")),
+            format!("--client-ca-file={}", c("ca.crt")),
+            format!("--token-auth-file={}", dir.join("tokens.csv").display()),
+            "--authorization-mode=RBAC".into(),
+            format!("--service-account-key-file={}", c("sa.pub")),
+            format!("--service-account-signing-key-file={}", c("sa.key")),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            "--service-cluster-ip-range=10.0.0.0/24".into(),
+            // No kube-controller-manager runs: keep new Nodes free of the not-ready taint.
+            "--disable-admission-plugins=TaintNodesByCondition".into(),
+            "--allow-privileged=true".into(),
+            "--profiling=false".into(),
+            "--max-requests-inflight=2000".into(),
+            "--max-mutating-requests-inflight=1000".into(),
+            "--v=1".into(),
+        ]);
+        api.args(&opts.apiserver_args);
+        // An apiserver whose etcd died can hang on SIGTERM: bounded stop, then SIGKILL.
+        let apiserver = Proc::spawn("kube-apiserver", api, &dir.join("kube-apiserver.log"))?.with_stop_timeout(Duration::from_secs(5));
+        procs.push(apiserver);
+        let server = format!("https://127.0.0.1:{port}");
+        let kubeconfig = dir.join("kubeconfig");
+        write_kubeconfig(&kubeconfig, &server, &certs.join("ca.crt"), ADMIN_TOKEN)?;
+        let kc = Kubeconfig::read_from(&kubeconfig)?;
+        let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+        let client = Client::try_from(config)?;
+
+        let mut cp = Self { procs, server, kubeconfig, client, dir: dir.clone() };
+        let ready = wait_for("kube-apiserver /readyz", Duration::from_secs(90), Duration::from_millis(250), || {
+            let client = cp.client.clone();
+            async move {
+                let req = http_get("/readyz");
+                client.request_text(req).await.ok().filter(|t| t.trim() == "ok").map(|_| ())
+            }
+        })
+        .await;
+        if let Err(e) = ready {
+            for p in &mut cp.procs {
+                if let Err(e) = p.check_running() {
+                    eprintln!("{e:#}");
+                }
+            }
+            bail!("{e}; apiserver log tail:\n{}", tail(&dir.join("kube-apiserver.log"), 30));
+        }
+        cp.ensure_default_service_account().await?;
+
+        if opts.scheduler {
+            cp.start_scheduler(opts.scheduler_qps.unwrap_or(50), opts.extender.as_ref())?;
+        }
+        Ok(cp)
+    }
+
+    async fn ensure_default_service_account(&self) -> Result<()> {
+        // No kube-controller-manager: the ServiceAccount controller never creates `default`.
+        let ns: Api<Namespace> = Api::all(self.client.clone());
+        wait_for("namespace default", Duration::from_secs(30), Duration::from_millis(200), || {
+            let ns = ns.clone();
+            async move { ns.get_opt("default").await.ok().flatten().map(|_| ()) }
+        })
+        .await?;
+        let sa: Api<ServiceAccount> = Api::namespaced(self.client.clone(), "default");
+        let mut obj = ServiceAccount::default();
+        obj.metadata.name = Some("default".into());
+        match sa.create(&PostParams::default(), &obj).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Starts kube-scheduler (stopped first on drop).
+    pub fn start_scheduler(&mut self, qps: u32, extender: Option<&ExtenderOptions>) -> Result<()> {
+        let cfg = self.dir.join("scheduler-config.yaml");
+        std::fs::write(&cfg, scheduler_config(&self.kubeconfig, qps, extender))?;
+        let mut cmd = Command::new(upstream_bin("kube-scheduler"));
+        cmd.args([
+            format!("--config={}", cfg.display()),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={}", free_port()),
+            format!("--cert-dir={}", self.dir.join("scheduler-certs").display()),
+            format!("--authentication-kubeconfig={}", self.kubeconfig.display()),
+            format!("--authorization-kubeconfig={}", self.kubeconfig.display()),
+            "--v=2".into(),
+        ]);
+        let p = Proc::spawn("kube-scheduler", cmd, &self.dir.join("kube-scheduler.log"))?;
+        self.procs.push(p);
+        Ok(())
+    }
+
+    /// Stops kube-scheduler, if running (e.g. to restart it with another configuration).
+    pub fn stop_scheduler(&mut self) {
+        if let Some(i) = self.procs.iter().position(|p| p.name() == "kube-scheduler") {
+            let mut p = self.procs.remove(i);
+            p.stop();
+            let _ = std::fs::rename(self.dir.join("kube-scheduler.log"), self.dir.join(format!("kube-scheduler-{}.log", p.pid())));
+        }
+    }
+
+    /// Fails with a log tail when any control-plane process has exited.
+    pub fn check_running(&mut self) -> Result<()> {
+        for p in &mut self.procs {
+            p.check_running()?;
+        }
+        Ok(())
+    }
+
+    /// Stops everything: scheduler → apiserver → etcd.
+    pub fn stop(&mut self) {
+        while let Some(mut p) = self.procs.pop() {
+            p.stop();
+        }
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn http_get(path: &str) -> ::http::Request<Vec<u8>> {
+    ::http::Request::get(path).body(Vec::new()).expect("valid request")
+}

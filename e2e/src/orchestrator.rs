@@ -1,0 +1,94 @@
+//! `kudos-orchestrator` against the real API server: extender HTTP and gRPC on free loopback
+//! ports, a file store in the run directory, static gRPC tokens (one per node).
+
+use crate::http;
+use crate::paths::kudos_bin;
+use crate::proc::{Proc, free_port, tail, wait_for};
+use anyhow::{Context, Result};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+/// A running orchestrator.
+#[derive(Debug)]
+pub struct Orchestrator {
+    proc: Proc,
+    /// `127.0.0.1:<port>` of the HTTP server (extender, /explain, /readyz).
+    pub http_addr: String,
+    /// `127.0.0.1:<port>` of the gRPC server.
+    pub grpc_addr: String,
+}
+
+/// The static token of a node for the gRPC API (see [`Orchestrator::start`]).
+pub fn node_token(node: &str) -> String {
+    format!("e2e-token-{node}")
+}
+
+impl Orchestrator {
+    /// Starts the orchestrator with `kubeconfig` (or `--standalone` when `None`), storing its
+    /// state and log under `dir`; `nodes` get static gRPC tokens ([`node_token`]). `extra`
+    /// flags are appended. Waits for `/readyz`.
+    pub async fn start(dir: &Path, kubeconfig: Option<&Path>, nodes: &[String], extra: &[String]) -> Result<Self> {
+        let (hp, gp) = (free_port(), free_port());
+        let tokens = dir.join("orchestrator-tokens.yaml");
+        let mut t = String::new();
+        for n in nodes {
+            t.push_str(&format!("{}: {n}\n", node_token(n)));
+        }
+        if t.is_empty() {
+            t.push_str("{}\n");
+        }
+        std::fs::write(&tokens, t)?;
+        let mut cmd = Command::new(kudos_bin("kudos-orchestrator"));
+        cmd.args([
+            format!("--http-listen=127.0.0.1:{hp}"),
+            format!("--grpc-listen=127.0.0.1:{gp}"),
+            format!("--store-path={}", dir.join("orchestrator.redb").display()),
+            "--auth=static".into(),
+            format!("--static-tokens-file={}", tokens.display()),
+        ]);
+        match kubeconfig {
+            Some(k) => {
+                cmd.arg(format!("--kubeconfig={}", k.display()));
+            }
+            None => {
+                cmd.arg("--standalone");
+            }
+        }
+        cmd.args(extra);
+        cmd.env("RUST_LOG", std::env::var("KUDOS_E2E_RUST_LOG").unwrap_or_else(|_| "info".into()));
+        let log = dir.join("kudos-orchestrator.log");
+        let mut proc = Proc::spawn("kudos-orchestrator", cmd, &log)?;
+        let http_addr = format!("127.0.0.1:{hp}");
+        let ready = wait_for("kudos-orchestrator /readyz", Duration::from_secs(60), Duration::from_millis(200), || {
+            let a = http_addr.clone();
+            async move { http::request("GET", &a, "/readyz", None).ok().filter(|r| r.status == 200).map(|_| ()) }
+        })
+        .await;
+        if let Err(e) = ready {
+            proc.check_running()?;
+            return Err(e).with_context(|| format!("orchestrator log:\n{}", tail(&log, 30)));
+        }
+        Ok(Self { proc, http_addr, grpc_addr: format!("127.0.0.1:{gp}") })
+    }
+
+    /// `http://127.0.0.1:<port>/kudos/v1`, the extender URL prefix for kube-scheduler.
+    pub fn extender_url(&self) -> String {
+        format!("http://{}/kudos/v1", self.http_addr)
+    }
+
+    /// `GET /explain/{namespace}/{pod}` as JSON.
+    pub fn explain(&self, namespace: &str, pod: &str) -> Result<serde_json::Value> {
+        http::get_json(&self.http_addr, &format!("/explain/{namespace}/{pod}"))
+    }
+
+    /// Fails when the process exited.
+    pub fn check_running(&mut self) -> Result<()> {
+        self.proc.check_running()
+    }
+
+    /// Stops it (SIGTERM, then SIGKILL).
+    pub fn stop(&mut self) {
+        self.proc.stop();
+    }
+}

@@ -1,0 +1,137 @@
+//! Child processes with their logs in the run directory, stopped by PID.
+
+use anyhow::{Context, Result};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running child process. Dropping it stops it (SIGTERM, SIGKILL after the stop timeout).
+#[derive(Debug)]
+pub struct Proc {
+    name: String,
+    child: Option<Child>,
+    log: PathBuf,
+    stop_timeout: Duration,
+}
+
+impl Proc {
+    /// Starts `cmd` with stdout and stderr appended to `log`.
+    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> Result<Self> {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("open {}", log.display()))?;
+        let f2 = f.try_clone()?;
+        cmd.stdin(Stdio::null()).stdout(f).stderr(f2);
+        let child = cmd.spawn().with_context(|| format!("start {name}: {cmd:?}"))?;
+        Ok(Self {
+            name: name.to_string(),
+            child: Some(child),
+            log: log.to_path_buf(),
+            stop_timeout: Duration::from_secs(10),
+        })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// The log file.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// The name given at spawn.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Sets how long [`Proc::stop`] waits after SIGTERM before SIGKILL.
+    pub fn with_stop_timeout(mut self, d: Duration) -> Self {
+        self.stop_timeout = d;
+        self
+    }
+
+    /// Fails with the log's tail when the process has exited.
+    pub fn check_running(&mut self) -> Result<()> {
+        if let Some(c) = self.child.as_mut()
+            && let Some(st) = c.try_wait()?
+        {
+            anyhow::bail!("{} exited ({st}); log {}:\n{}", self.name, self.log.display(), tail(&self.log, 30));
+        }
+        Ok(())
+    }
+
+    /// Sends a signal by PID (via `kill(1)`).
+    pub fn signal(&self, sig: &str) {
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill")
+                .args([format!("-{sig}"), c.id().to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+
+    /// SIGTERM, wait up to the stop timeout, then SIGKILL. Idempotent.
+    pub fn stop(&mut self) {
+        let Some(mut c) = self.child.take() else { return };
+        if matches!(c.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let deadline = Instant::now() + self.stop_timeout;
+        while Instant::now() < deadline {
+            if matches!(c.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The last `n` lines of a file, for error messages.
+pub fn tail(path: &Path, n: usize) -> String {
+    let s = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; a small race is possible).
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local addr").port()
+}
+
+/// Polls `f` every `every` until it returns `Some`, or fails after `timeout` with `what`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, every: Duration, mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(every).await;
+    }
+}
