@@ -1,16 +1,38 @@
-//! Kudos device plugin: discovers accelerators on a node and serves them to the kubelet under one unified resource name.
+//! Kudos device plugin: discovers accelerators on a node and serves them to the kubelet under
+//! one unified resource name, so a pod asks for `kudos.dev/gpu: 1` whichever vendor built the
+//! GPU (design §2.1).
+//!
+//! Layout (discovery and health apart from serving, as in NVIDIA's k8s-device-plugin):
+//! - [`backend`]: the [`backend::DeviceBackend`] trait and its NVIDIA (kudos-nvml), AMD (sysfs)
+//!   and static-file implementations; [`backend::Backends`] dispatches by device-ID prefix.
+//! - [`health`]: XID ignore list, a pure per-device state machine, the probe/event loop.
+//! - [`server`]: the `v1beta1.DevicePlugin` service; knows only backends and a health view.
+//! - [`preferred`]: topology-aware `GetPreferredAllocation`.
+//! - [`registry`]: the unified name from the orchestrator, cached on disk, with back-off.
+//! - [`runtime`]: socket serving, registration, kubelet-restart handling.
+//! - [`metrics`]: Prometheus metrics and `/metrics`, `/healthz`, `/ready`.
+//! - [`cli`]: flags and validated settings.
 #![forbid(unsafe_code)]
 
-use clap::Parser;
-use std::process::ExitCode;
+pub mod backend;
+pub mod cli;
+pub mod health;
+pub mod metrics;
+pub mod preferred;
+pub mod registry;
+pub mod resource_name;
+pub mod runtime;
+pub mod server;
 
-/// Command-line arguments.
-#[derive(Debug, Parser)]
-#[command(name = "kudos-device-plugin", version, about = "Kudos device plugin: discovers accelerators on a node and serves them to the kubelet under one unified resource name.")]
-pub struct Args {
-    #[command(flatten)]
-    pub log: kudos_common::LogArgs,
-}
+use anyhow::Context as _;
+use backend::{BackendError, Backends, DeviceBackend};
+use clap::Parser;
+use cli::{Args, BackendKind, Settings};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tracing::Instrument as _;
 
 /// Parses arguments, runs, and maps the outcome to an exit code.
 pub fn main_with_args() -> ExitCode {
@@ -19,14 +41,25 @@ pub fn main_with_args() -> ExitCode {
         eprintln!("error: {e:#}");
         return ExitCode::from(2);
     }
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let settings = match args.settings() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(args)) {
+    match rt.block_on(run(settings, kudos_common::shutdown_signal())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "exiting");
@@ -35,9 +68,166 @@ pub fn main_with_args() -> ExitCode {
     }
 }
 
-/// Runs until SIGTERM.
-pub async fn run(_args: Args) -> anyhow::Result<()> {
-    tracing::info!("started");
-    kudos_common::shutdown_signal().await;
-    Ok(())
+/// Discovers devices with the configured backends. Backends that were not asked for by name
+/// are skipped when they fail or find nothing.
+pub fn discover(s: &Settings) -> Result<Backends, BackendError> {
+    let mut found: Vec<Arc<dyn DeviceBackend>> = Vec::new();
+    for kind in &s.backends {
+        let result: Result<Option<Arc<dyn DeviceBackend>>, BackendError> = match kind {
+            BackendKind::Nvidia => backend::nvidia::NvidiaBackend::discover(s.nvidia.clone())
+                .map(|b| Some(Arc::new(b) as _)),
+            BackendKind::Amd => {
+                backend::amd::AmdBackend::discover(&s.sysfs_root, &s.nvidia.dev_root)
+                    .map(|b| Some(Arc::new(b) as _))
+            }
+            BackendKind::Static => match &s.static_devices {
+                Some(p) => {
+                    backend::static_file::StaticBackend::load(p).map(|b| Some(Arc::new(b) as _))
+                }
+                None if s.backends_explicit => Err(BackendError::Invalid {
+                    what: "--static-devices".into(),
+                    reason: "the static backend needs a device file".into(),
+                }),
+                None => Ok(None),
+            },
+        };
+        match result {
+            Ok(Some(b)) if b.devices().is_empty() && !s.backends_explicit => {
+                tracing::info!(vendor = %b.vendor().key, "no devices; backend not used");
+            }
+            Ok(Some(b)) => {
+                tracing::info!(vendor = %b.vendor().key, devices = b.devices().len(), "discovered");
+                found.push(b);
+            }
+            Ok(None) => {}
+            Err(e) if s.backends_explicit => return Err(e),
+            Err(e) => tracing::info!(backend = ?kind, error = %e, "backend not available"),
+        }
+    }
+    Backends::new(found)
+}
+
+/// Runs the plugin until `shutdown` resolves.
+pub async fn run(
+    s: Settings,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let metrics = metrics::Metrics::new();
+    let settings = s.clone();
+    let backends = tokio::task::spawn_blocking(move || discover(&settings))
+        .await
+        .context("discovery panicked")??;
+    if backends.devices().next().is_none() {
+        tracing::warn!("no accelerators found; registering anyway so the node reports zero");
+    }
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    if let Some(addr) = s.metrics_addr {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding --metrics-addr {addr}"))?;
+        let router = metrics.router();
+        let mut stop = stop_rx.clone();
+        tokio::spawn(
+            async move {
+                let serve = axum::serve(listener, router).with_graceful_shutdown(async move {
+                    let _ = stop.changed().await;
+                });
+                if let Err(e) = serve.await {
+                    tracing::error!(error = %e, "metrics server failed");
+                }
+            }
+            .instrument(tracing::info_span!("metrics", %addr)),
+        );
+    }
+
+    // Health: backend event sources plus periodic probes, published as a snapshot.
+    let tracker = health::HealthTracker::new(
+        backends
+            .devices()
+            .map(|d| (d.id.as_str(), d.vendor.as_str())),
+        s.recovery_quiet,
+    );
+    let (health_tx, health_rx) = watch::channel(Arc::new(tracker.snapshot()));
+    metrics.set_devices(&backends, &tracker.snapshot());
+    let (signal_tx, signal_rx) = mpsc::unbounded_channel();
+    let mut guards = Vec::new();
+    for b in backends.iter() {
+        match b.watch(signal_tx.clone()) {
+            Ok(Some(g)) => guards.push(g),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(vendor = %b.vendor().key, error = %e, "no event source; relying on probes")
+            }
+        }
+    }
+    tokio::spawn(
+        health::run(
+            backends.clone(),
+            tracker,
+            signal_rx,
+            s.probe_interval,
+            health_tx,
+            metrics.clone(),
+            stop_rx.clone(),
+        )
+        .instrument(tracing::info_span!("health")),
+    );
+
+    // The unified name.
+    let cache = registry::NameCache::new(s.name_cache.clone());
+    let reporter = match &s.orchestrator_addr {
+        Some(addr) => Some(registry::Reporter::new(
+            addr,
+            s.node_name.clone(),
+            Some(s.token_file.clone()),
+            s.orchestrator_timeout,
+        )?),
+        None => None,
+    };
+    let snapshot = health_rx.borrow().clone();
+    let (name, reported) = registry::initial_name(
+        reporter.as_ref(),
+        &cache,
+        &s.default_name,
+        &backends,
+        &snapshot,
+        &metrics,
+    )
+    .await;
+    tracing::info!(resource = %name, from_orchestrator = reported, "unified resource name");
+    let (name_tx, name_rx) = watch::channel(name);
+    let reporter_task = reporter.map(|r| {
+        tokio::spawn(
+            registry::run(
+                registry::ReportTask {
+                    reporter: r,
+                    cache,
+                    policy: s.report.clone(),
+                    backends: backends.clone(),
+                    metrics: metrics.clone(),
+                },
+                health_rx.clone(),
+                reported,
+                name_tx,
+            )
+            .instrument(tracing::info_span!("report")),
+        )
+    });
+
+    let lifecycle = runtime::Lifecycle {
+        dir: s.device_plugin_dir.clone(),
+        socket_name: s.socket_name.clone(),
+        register_timeout: Duration::from_secs(5),
+        resync: Duration::from_secs(5),
+    };
+    let result = runtime::run(lifecycle, backends, health_rx, name_rx, metrics, shutdown)
+        .instrument(tracing::info_span!("plugin"))
+        .await;
+    let _ = stop_tx.send(true);
+    if let Some(t) = reporter_task {
+        t.abort();
+    }
+    drop(guards);
+    result.map_err(Into::into)
 }

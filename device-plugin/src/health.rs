@@ -1,0 +1,327 @@
+//! Device health as a stream of transitions, so devices can recover (NVIDIA's plugin never
+//! marks a device healthy again; see the FIXME in its `ListAndWatch`).
+//!
+//! Inputs: backend signals (a non-ignored XID, NVML not answering) and periodic probes.
+//! Rule: a device turns Unhealthy on a critical signal or a failed probe; it turns Healthy
+//! again once its probe succeeds and no critical signal arrived for `quiet_for`. The
+//! [`HealthTracker`] is pure (time is an argument); [`run`] drives it.
+
+use crate::backend::{Backends, Health, HealthSignal};
+use crate::metrics::Metrics;
+use std::collections::{BTreeMap, BTreeSet};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+
+/// Health of every device by ID, as published to the server.
+pub type HealthMap = BTreeMap<String, Health>;
+
+// === impl XidIgnoreList ===
+
+/// XIDs that say the application did something wrong, not the GPU: they must not take a
+/// device out of service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct XidIgnoreList(BTreeSet<u64>);
+
+impl XidIgnoreList {
+    /// Graphics engine exception (13), MMU fault (31), channel stopped (43), preemptive
+    /// cleanup (45), video processor exception (68), context-switch timeout (109).
+    pub const DEFAULT: [u64; 6] = [13, 31, 43, 45, 68, 109];
+
+    /// Whether `xid` is ignored.
+    pub fn ignores(&self, xid: u64) -> bool {
+        self.0.contains(&xid)
+    }
+}
+
+impl Default for XidIgnoreList {
+    fn default() -> Self {
+        XidIgnoreList(Self::DEFAULT.into_iter().collect())
+    }
+}
+
+impl FromStr for XidIgnoreList {
+    type Err = String;
+
+    /// A comma-separated list (`13,31,43`), `default`, or `none`/empty for no exceptions.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        match s {
+            "default" => return Ok(Self::default()),
+            "" | "none" => return Ok(XidIgnoreList(BTreeSet::new())),
+            _ => {}
+        }
+        s.split(',')
+            .map(|x| {
+                x.trim()
+                    .parse::<u64>()
+                    .map_err(|_| format!("{x:?} is not an XID number"))
+            })
+            .collect::<Result<_, _>>()
+            .map(XidIgnoreList)
+    }
+}
+
+impl std::fmt::Display for XidIgnoreList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let v: Vec<String> = self.0.iter().map(u64::to_string).collect();
+        f.write_str(&v.join(","))
+    }
+}
+
+// === impl HealthTracker ===
+
+/// One change of one device's health.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transition {
+    /// Device ID.
+    pub id: String,
+    /// Vendor key.
+    pub vendor: String,
+    /// New health.
+    pub to: Health,
+    /// Why, for the log.
+    pub reason: String,
+}
+
+#[derive(Debug)]
+struct DeviceState {
+    vendor: String,
+    health: Health,
+    last_critical: Option<Instant>,
+}
+
+/// Per-device health state machine.
+#[derive(Debug)]
+pub struct HealthTracker {
+    quiet_for: Duration,
+    devices: BTreeMap<String, DeviceState>,
+}
+
+impl HealthTracker {
+    /// Starts with every device healthy. `quiet_for`: how long after the last critical signal
+    /// a device with a passing probe becomes healthy again.
+    pub fn new<'a>(
+        devices: impl IntoIterator<Item = (&'a str, &'a str)>,
+        quiet_for: Duration,
+    ) -> Self {
+        let devices = devices
+            .into_iter()
+            .map(|(id, vendor)| {
+                (
+                    id.to_owned(),
+                    DeviceState {
+                        vendor: vendor.to_owned(),
+                        health: Health::Healthy,
+                        last_critical: None,
+                    },
+                )
+            })
+            .collect();
+        HealthTracker { quiet_for, devices }
+    }
+
+    /// Current health of every device.
+    pub fn snapshot(&self) -> HealthMap {
+        self.devices
+            .iter()
+            .map(|(id, s)| (id.clone(), s.health))
+            .collect()
+    }
+
+    fn mark_unhealthy(
+        &mut self,
+        id: &str,
+        now: Instant,
+        reason: &str,
+        critical: bool,
+    ) -> Option<Transition> {
+        let s = self.devices.get_mut(id)?;
+        if critical {
+            s.last_critical = Some(now);
+        }
+        if s.health == Health::Unhealthy {
+            return None;
+        }
+        s.health = Health::Unhealthy;
+        Some(Transition {
+            id: id.to_owned(),
+            vendor: s.vendor.clone(),
+            to: Health::Unhealthy,
+            reason: reason.to_owned(),
+        })
+    }
+
+    /// Applies a backend signal.
+    pub fn on_signal(&mut self, signal: &HealthSignal, now: Instant) -> Vec<Transition> {
+        match signal {
+            HealthSignal::Critical { id, reason } => self
+                .mark_unhealthy(id, now, reason, true)
+                .into_iter()
+                .collect(),
+            HealthSignal::BackendDown { vendor, reason } => {
+                let ids: Vec<String> = self
+                    .devices
+                    .iter()
+                    .filter(|(_, s)| &s.vendor == vendor)
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                ids.iter()
+                    .filter_map(|id| self.mark_unhealthy(id, now, reason, true))
+                    .collect()
+            }
+        }
+    }
+
+    /// Applies one probe result.
+    pub fn on_probe(
+        &mut self,
+        id: &str,
+        result: Result<(), String>,
+        now: Instant,
+    ) -> Option<Transition> {
+        match result {
+            Err(reason) => self.mark_unhealthy(id, now, &format!("probe failed: {reason}"), false),
+            Ok(()) => {
+                let quiet_for = self.quiet_for;
+                let s = self.devices.get_mut(id)?;
+                let quiet = s
+                    .last_critical
+                    .is_none_or(|t| now.saturating_duration_since(t) >= quiet_for);
+                if s.health == Health::Unhealthy && quiet {
+                    s.health = Health::Healthy;
+                    return Some(Transition {
+                        id: id.to_owned(),
+                        vendor: s.vendor.clone(),
+                        to: Health::Healthy,
+                        reason: format!("probe passes and no critical event for {quiet_for:?}"),
+                    });
+                }
+                None
+            }
+        }
+    }
+}
+
+// === run ===
+
+/// Drives the tracker: backend signals as they come, probes every `probe_every`, and
+/// publishes every change. Returns when `shutdown` fires or the publisher has no readers.
+pub async fn run(
+    backends: Backends,
+    mut tracker: HealthTracker,
+    mut signals: mpsc::UnboundedReceiver<HealthSignal>,
+    probe_every: Duration,
+    publish: watch::Sender<Arc<HealthMap>>,
+    metrics: Metrics,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(probe_every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let transitions = tokio::select! {
+            _ = shutdown.changed() => return,
+            Some(signal) = signals.recv() => tracker.on_signal(&signal, Instant::now()),
+            _ = tick.tick() => {
+                let b = backends.clone();
+                // Probes call into vendor libraries that may block.
+                let results = tokio::task::spawn_blocking(move || {
+                    b.iter()
+                        .flat_map(|be| be.devices().iter().map(move |d| (d.id.clone(), be.probe(d))))
+                        .collect::<Vec<_>>()
+                })
+                .await
+                .unwrap_or_default();
+                let now = Instant::now();
+                results.into_iter().filter_map(|(id, r)| tracker.on_probe(&id, r, now)).collect()
+            }
+        };
+        if transitions.is_empty() {
+            continue;
+        }
+        for t in &transitions {
+            match t.to {
+                Health::Healthy => {
+                    tracing::info!(device = %t.id, vendor = %t.vendor, reason = %t.reason, "device healthy again")
+                }
+                Health::Unhealthy => {
+                    tracing::warn!(device = %t.id, vendor = %t.vendor, reason = %t.reason, "device unhealthy")
+                }
+            }
+            metrics.health_transition(&t.vendor, t.to);
+        }
+        metrics.set_devices(&backends, &tracker.snapshot());
+        if publish.send(Arc::new(tracker.snapshot())).is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ignore_list_parses_and_defaults() {
+        let d = XidIgnoreList::default();
+        for x in [13, 31, 43, 45, 68, 109] {
+            assert!(d.ignores(x));
+        }
+        assert!(!d.ignores(79) && !d.ignores(48));
+        let custom: XidIgnoreList = "13, 79".parse().expect("list");
+        assert!(custom.ignores(79) && !custom.ignores(31));
+        assert_eq!(custom.to_string(), "13,79");
+        assert!(!"none".parse::<XidIgnoreList>().expect("none").ignores(13));
+        assert_eq!("default".parse::<XidIgnoreList>(), Ok(d));
+        assert!("13,x".parse::<XidIgnoreList>().is_err());
+    }
+
+    #[test]
+    fn devices_go_unhealthy_and_recover_after_a_quiet_period() {
+        let t0 = Instant::now();
+        let mut t = HealthTracker::new(
+            [("nv-a", "nvidia"), ("nv-b", "nvidia"), ("amd-c", "amd")],
+            Duration::from_secs(10),
+        );
+        let crit = HealthSignal::Critical {
+            id: "nv-a".into(),
+            reason: "XID 79".into(),
+        };
+        let tr = t.on_signal(&crit, t0);
+        assert_eq!(tr.len(), 1);
+        assert_eq!((tr[0].id.as_str(), tr[0].to), ("nv-a", Health::Unhealthy));
+        assert!(t.on_signal(&crit, t0).is_empty(), "no duplicate transition");
+        // Probe passes, but the quiet period has not elapsed.
+        assert_eq!(
+            t.on_probe("nv-a", Ok(()), t0 + Duration::from_secs(5)),
+            None
+        );
+        let back = t
+            .on_probe("nv-a", Ok(()), t0 + Duration::from_secs(10))
+            .expect("recovers");
+        assert_eq!(back.to, Health::Healthy);
+
+        // NVML down: every NVIDIA device, not AMD.
+        let down = HealthSignal::BackendDown {
+            vendor: "nvidia".into(),
+            reason: "NVML timeout".into(),
+        };
+        assert_eq!(t.on_signal(&down, t0 + Duration::from_secs(20)).len(), 2);
+        assert_eq!(t.snapshot()["amd-c"], Health::Healthy);
+
+        // A failing probe keeps it down; recovery needs both a passing probe and quiet.
+        assert!(
+            t.on_probe("nv-b", Err("lost".into()), t0 + Duration::from_secs(40))
+                .is_none()
+        );
+        assert!(
+            t.on_probe("nv-b", Ok(()), t0 + Duration::from_secs(41))
+                .is_some()
+        );
+        // Probe failure alone (no critical event) recovers as soon as the probe passes.
+        assert!(t.on_probe("amd-c", Err("gone".into()), t0).is_some());
+        assert!(t.on_probe("amd-c", Ok(()), t0).is_some());
+        assert!(t.on_probe("unknown", Err("x".into()), t0).is_none());
+    }
+}
