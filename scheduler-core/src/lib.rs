@@ -1,3 +1,139 @@
-//! Pure scheduling algorithms for Kudos.
+//! Pure scheduling algorithms for Kudos: the patent's steps as a library.
+//!
+//! No I/O, no async, no clock (time is an argument), seedable randomness, `serde` for the learned
+//! state. The orchestrator (extender, feedback ingestion, `/explain`) and the simulator both drive
+//! the [`Scheduler`] facade; nothing else re-implements these steps.
+//!
+//! | Step | Module | What |
+//! | --- | --- | --- |
+//! | 1 | [`nodeset`] | nodes that fit the pod and whose devices the class allows |
+//! | 2 | [`predict`], [`prior`] | first model: compute time, uncertainty, source |
+//! | 3 | [`review`] | good / bad against a deadline or the best candidate |
+//! | 4 | [`score`] | second model: decayed good-review rate, Beta prior, exploration, 0..=10 |
+//! | 5 | [`queue`] | first queue, default plugins (second queue), merge (recommended queue) |
+//! | 6 | [`place`] | one node, or k gang slots together with an expiry |
+//! | 7 | [`feedback`] | actual time, model update, actual review, third queue |
+//! | 8 | [`Ranking::to_table`] | explanation |
+//!
+//! Start with [`Scheduler::rank`] and [`Scheduler::observe`].
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+
+pub mod config;
+pub mod feedback;
+pub mod nodeset;
+pub mod place;
+pub mod predict;
+pub mod prior;
+pub mod queue;
+mod rank;
+pub mod review;
+pub mod score;
+pub mod types;
+
+pub use config::{BetaPrior, ClassConfig, ConfigError, Exploration, MergeWeights, SchedulerConfig};
+pub use feedback::ObserveError;
+pub use place::PlaceError;
+pub use predict::ModelState;
+pub use types::{
+    DeviceProfile, Feedback, GangPlacement, GangSlot, GangSpec, NodeHealth, NodeState, PodSpec,
+    Prediction, PredictionSource, RankEntry, Ranking, Rejection, Review, RunObservation, Timestamp,
+};
+
+use serde::{Deserialize, Serialize};
+
+/// The scheduler: a validated configuration and the learned model state.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Scheduler {
+    config: SchedulerConfig,
+    state: ModelState,
+}
+
+impl Scheduler {
+    /// A scheduler with an empty history. Validate the configuration first
+    /// ([`SchedulerConfig::validate`]); [`Scheduler::try_new`] does both.
+    pub fn new(config: SchedulerConfig) -> Self {
+        Self::with_state(config, ModelState::default())
+    }
+
+    /// Validates the configuration and builds a scheduler.
+    pub fn try_new(config: SchedulerConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self::new(config))
+    }
+
+    /// A scheduler resuming from persisted state. The transfer model is refitted under the given
+    /// configuration (which may have changed since the state was saved).
+    pub fn with_state(config: SchedulerConfig, state: ModelState) -> Self {
+        let mut s = Self { config, state };
+        if s.state.runs > 0 {
+            s.state.refit(&s.config);
+        }
+        s
+    }
+
+    /// The learned state, for persistence.
+    pub fn state(&self) -> &ModelState {
+        &self.state
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// Steps 1-5: the recommended queue for `pod` over `nodes`, best first. Deterministic for a
+    /// given seed and independent of the order of `nodes`. Unfit nodes (no room, class forbids
+    /// their devices, too little device memory, unhealthy, stale) go to `rejected` with a reason.
+    pub fn rank(&self, pod: &PodSpec, nodes: &[NodeState], now: Timestamp, seed: u64) -> Ranking {
+        rank::rank(&self.config, &self.state, pod, nodes, now, seed)
+    }
+
+    /// Step 6: one node for a single pod; for a gang, `size` slots together, one device profile
+    /// preferred, minimising the slowest member's predicted time; expires at `now + TTL`.
+    pub fn place_gang(
+        &self,
+        pod: &PodSpec,
+        nodes: &[NodeState],
+        now: Timestamp,
+        seed: u64,
+    ) -> Result<GangPlacement, PlaceError> {
+        let ranking = self.rank(pod, nodes, now, seed);
+        place::place(
+            &ranking,
+            nodes,
+            pod,
+            self.config.gang_profile_tolerance,
+            self.config.gang_reservation_ttl_seconds,
+            now,
+        )
+    }
+
+    /// Step 7: learn from a completed or in-progress run. Invalid reports are rejected with a
+    /// typed error and leave the model untouched.
+    pub fn observe(
+        &mut self,
+        run: &RunObservation,
+        now: Timestamp,
+    ) -> Result<Feedback, ObserveError> {
+        feedback::observe(&self.config, &mut self.state, run, now)
+    }
+
+    /// The current prediction for `(class, node, profile)` without a pod (metrics, MAPE).
+    pub fn predict(
+        &self,
+        class: &str,
+        node: &str,
+        profile: &DeviceProfile,
+        work_units: Option<f64>,
+    ) -> Prediction {
+        let key = profile.key();
+        let class_state = self.state.classes.get(class);
+        let p = predict::predict_profile(&self.state, &self.config, class_state, profile, &key);
+        let cell = class_state.and_then(|c| c.nodes.get(node));
+        predict::predict_node(p, cell, &key, self.config.min_own_runs).to_prediction(work_units)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,273 @@
+//! Feedback (patent step 7): a run report becomes an actual compute time, updates the first model,
+//! earns the node an actual review, and re-scores nodes (the third queue).
+//!
+//! * **Actual time.** A completed run took `end - start`; a run in progress is extrapolated as
+//!   `elapsed / progress` and counts with weight `progress`, so an early guess moves the model
+//!   less than a finished run.
+//! * **Validation.** Nothing a pod writes may poison the model: non-finite values, `end < start`,
+//!   zero durations, progress outside (0, 1], non-positive work and busy time above the elapsed
+//!   time are typed errors, and the model is untouched.
+//! * **Bounded influence.** Once a class has a level, the log time per work unit is clipped to
+//!   four standard deviations (at least a factor 10) of the current prediction before it is stored, and every cell's
+//!   estimate is a robust M-estimate over a window, so one run cannot move any estimate far.
+//! * **Actual review.** Good when the per-unit time is at most the class threshold factor times
+//!   the fastest per-unit time known for the class (over device profiles). When that reference
+//!   moves, every node of the class is re-judged from its stored runs, so old reviews never
+//!   contradict what the model now knows.
+//! * **Third queue.** The nodes whose reviews changed, with their new score (the exploit-only
+//!   score against the class reference), best first. The first queue reads the same state, so the
+//!   next ranking of the class already includes them.
+
+use thiserror::Error;
+
+use crate::config::SchedulerConfig;
+use crate::predict::{ModelState, NodeCell, Obs, Window, predict_node, predict_profile};
+use crate::review::good_probability;
+use crate::score::{decay, good_rate, to_score};
+use crate::types::{Feedback, Review, RunObservation, Timestamp};
+
+/// Clip of one observation around the prediction, in prediction standard deviations.
+const CLIP_SDS: f64 = 4.0;
+/// Minimum clip half-width in log space (a factor 10).
+const MIN_CLIP: f64 = std::f64::consts::LN_10;
+
+/// Why a run report was rejected. The model is unchanged when `observe` fails.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum ObserveError {
+    /// A timestamp or measure is NaN or infinite.
+    #[error("{field} is not a finite number")]
+    NonFinite {
+        /// The field.
+        field: &'static str,
+    },
+    /// The run ends before it starts.
+    #[error("end {end} is before start {start}")]
+    EndBeforeStart {
+        /// Start.
+        start: f64,
+        /// End.
+        end: f64,
+    },
+    /// The run took no time.
+    #[error("the run has zero duration")]
+    ZeroDuration,
+    /// Progress must be in (0, 1].
+    #[error("progress {0} is outside (0, 1]")]
+    ProgressOutOfRange(f64),
+    /// A run in progress must say how far it is.
+    #[error("a run in progress needs its progress")]
+    MissingProgress,
+    /// Work must be positive.
+    #[error("work_units {0} must be positive")]
+    InvalidWork(f64),
+    /// Busy time must be within 0..=elapsed.
+    #[error("gpu_busy_seconds {busy} is outside 0..={elapsed}")]
+    InvalidBusy {
+        /// Reported busy seconds.
+        busy: f64,
+        /// Elapsed seconds.
+        elapsed: f64,
+    },
+    /// Node or class is empty.
+    #[error("{0} must not be empty")]
+    Empty(&'static str),
+}
+
+fn finite(field: &'static str, v: f64) -> Result<f64, ObserveError> {
+    if v.is_finite() {
+        Ok(v)
+    } else {
+        Err(ObserveError::NonFinite { field })
+    }
+}
+
+/// Validates a run and returns `(actual seconds, weight)`.
+pub fn actual_time(run: &RunObservation) -> Result<(f64, f64), ObserveError> {
+    if run.node.is_empty() {
+        return Err(ObserveError::Empty("node"));
+    }
+    if run.class.is_empty() {
+        return Err(ObserveError::Empty("class"));
+    }
+    let start = finite("start", run.start)?;
+    let end = finite("end", run.end)?;
+    if end < start {
+        return Err(ObserveError::EndBeforeStart { start, end });
+    }
+    let elapsed = end - start;
+    if elapsed <= 0.0 {
+        return Err(ObserveError::ZeroDuration);
+    }
+    if let Some(w) = run.work_units
+        && (!w.is_finite() || w <= 0.0)
+    {
+        return Err(ObserveError::InvalidWork(w));
+    }
+    if let Some(b) = run.gpu_busy_seconds
+        && (!b.is_finite() || b < 0.0 || b > elapsed * (1.0 + 1e-9))
+    {
+        return Err(ObserveError::InvalidBusy { busy: b, elapsed });
+    }
+    let progress = match run.progress {
+        Some(p) if p.is_finite() && p > 0.0 && p <= 1.0 => Some(p),
+        Some(p) => return Err(ObserveError::ProgressOutOfRange(p)),
+        None => None,
+    };
+    if run.completed {
+        Ok((elapsed, 1.0))
+    } else {
+        let p = progress.ok_or(ObserveError::MissingProgress)?;
+        Ok((elapsed / p, p))
+    }
+}
+
+/// Recomputes a node's decayed reviews as of `now` from its stored runs against `ln_ref`.
+fn rejudge(cell: &mut NodeCell, ln_ref: f64, now: f64, half_life: f64) {
+    let (mut good, mut bad) = (0.0, 0.0);
+    for o in &cell.window.obs {
+        let w = o.w * decay(now - o.t, half_life);
+        if o.x <= ln_ref {
+            good += w;
+        } else {
+            bad += w;
+        }
+    }
+    cell.good = good;
+    cell.bad = bad;
+    cell.t_ref = now;
+}
+
+/// Applies one run to the model (see [`crate::Scheduler::observe`]).
+pub fn observe(
+    config: &SchedulerConfig,
+    state: &mut ModelState,
+    run: &RunObservation,
+    now: Timestamp,
+) -> Result<Feedback, ObserveError> {
+    let (actual, weight) = actual_time(run)?;
+    let now = finite("now", now)?;
+    let work = run.work_units.unwrap_or(1.0);
+    let key = run.profile.key();
+    let raw_x = (actual / work).ln();
+
+    // Bounded influence: clip around the current node prediction.
+    let class_state = state.classes.get(&run.class);
+    let prof = predict_profile(state, config, class_state, &run.profile, &key);
+    let node_cell = class_state.and_then(|c| c.nodes.get(&run.node));
+    let pred = predict_node(prof, node_cell, &key, config.min_own_runs);
+    // The first run of a class sets its level: there is nothing to protect yet, and the prior
+    // level (`default_class_seconds`) is a placeholder, not evidence.
+    let x = if class_state.is_some_and(|c| c.effect.is_some()) {
+        let half = (CLIP_SDS * (pred.sd * pred.sd + 0.01).sqrt()).max(MIN_CLIP);
+        raw_x.clamp(pred.mean - half, pred.mean + half)
+    } else {
+        raw_x
+    };
+    let obs = Obs {
+        x,
+        w: weight,
+        t: run.end,
+    };
+
+    let window = config.history_window;
+    let class = state.classes.entry(run.class.clone()).or_default();
+    let old_best = class.best;
+    class
+        .cells
+        .entry(key.clone())
+        .or_insert_with(|| crate::predict::Cell {
+            profile: run.profile.clone(),
+            window: Window::default(),
+        })
+        .window
+        .push(obs.clone(), window);
+    let cell = class
+        .nodes
+        .entry(run.node.clone())
+        .or_insert_with(|| NodeCell {
+            profile_key: key.clone(),
+            window: Window::default(),
+            good: 0.0,
+            bad: 0.0,
+            t_ref: now,
+        });
+    if cell.profile_key != key {
+        // The node's hardware changed: its old runs say nothing about it now.
+        *cell = NodeCell {
+            profile_key: key.clone(),
+            window: Window::default(),
+            good: 0.0,
+            bad: 0.0,
+            t_ref: now,
+        };
+    }
+    cell.window.push(obs, window);
+    state.runs += 1;
+    state.refit(config);
+
+    let factor = config.threshold_factor_for(&run.class);
+    let half_life = config.review_half_life_seconds;
+    let class = state
+        .classes
+        .get_mut(&run.class)
+        .expect("class inserted above");
+    let best = class.best.unwrap_or(x);
+    let ln_ref = best + factor.ln();
+    let review = if x <= ln_ref {
+        Review::Good
+    } else {
+        Review::Bad
+    };
+    let moved = old_best.is_none_or(|b| (b - best).abs() > 1e-12);
+    let mut touched: Vec<String> = Vec::new();
+    if moved {
+        for (name, cell) in &mut class.nodes {
+            rejudge(cell, ln_ref, now, half_life);
+            touched.push(name.clone());
+        }
+    } else if let Some(cell) = class.nodes.get_mut(&run.node) {
+        let d = decay(now - cell.t_ref, half_life);
+        cell.good *= d;
+        cell.bad *= d;
+        cell.t_ref = now;
+        match review {
+            Review::Good => cell.good += weight,
+            Review::Bad => cell.bad += weight,
+        }
+        touched.push(run.node.clone());
+    }
+
+    // Third queue: re-scored nodes, exploit-only, against the class reference.
+    let state_ro: &ModelState = state;
+    let class = &state_ro.classes[&run.class];
+    let mut third: Vec<(String, u8)> = touched
+        .into_iter()
+        .filter_map(|name| {
+            let cell = class.nodes.get(&name)?;
+            let cell_profile = &class.cells.get(&cell.profile_key)?.profile;
+            let p = predict_profile(
+                state_ro,
+                config,
+                Some(class),
+                cell_profile,
+                &cell.profile_key,
+            );
+            let p = predict_node(p, Some(cell), &cell.profile_key, config.min_own_runs);
+            let p_good = good_probability(p.mean, p.sd, ln_ref);
+            let rate = good_rate(
+                &config.beta_prior,
+                cell.good,
+                cell.bad,
+                p_good,
+                config.prediction_review_weight,
+            );
+            Some((name, to_score(rate)))
+        })
+        .collect();
+    third.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    Ok(Feedback {
+        actual_seconds: actual,
+        review,
+        third_queue: third,
+    })
+}

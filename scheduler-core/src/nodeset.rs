@@ -1,0 +1,135 @@
+//! The node set of a class (patent step 1): which candidates can run the pod at all.
+//!
+//! A node qualifies when it is healthy and fresh, has the free devices, CPU and memory the pod
+//! requests, and carries devices the class allows (vendor or model lists, minimum device memory).
+//! Every exclusion carries a reason an operator can act on, because "why did my pod not go to
+//! node X" is the first question anyone asks a scheduler. Device-level checks depend only on the
+//! profile, so [`crate::rank`] evaluates them once per distinct profile.
+
+use crate::config::ClassConfig;
+use crate::types::{DeviceProfile, NodeHealth, NodeState, PodSpec};
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Node-level checks (health and room), independent of the class.
+pub fn check_node(node: &NodeState, pod: &PodSpec) -> Result<(), String> {
+    match &node.health {
+        NodeHealth::Healthy => {}
+        NodeHealth::Unhealthy { reason } => {
+            return Err(format!("node is unhealthy: {reason}"));
+        }
+        NodeHealth::Stale { age_seconds } => {
+            return Err(format!(
+                "node is stale: no agent heartbeat for {age_seconds:.0}s; check the kudos node agent"
+            ));
+        }
+    }
+    if pod.gpus > node.free_devices {
+        return Err(format!(
+            "needs {} free device(s), node has {} free of {}",
+            pod.gpus, node.free_devices, node.profile.count
+        ));
+    }
+    let cpu_free = node
+        .cpu_allocatable_milli
+        .saturating_sub(node.cpu_requested_milli);
+    if pod.cpu_milli > cpu_free {
+        return Err(format!(
+            "needs {}m CPU, node has {}m free of {}m allocatable",
+            pod.cpu_milli, cpu_free, node.cpu_allocatable_milli
+        ));
+    }
+    let mem_free = node
+        .memory_allocatable_bytes
+        .saturating_sub(node.memory_requested_bytes);
+    if pod.memory_bytes > mem_free {
+        return Err(format!(
+            "needs {:.2} GiB memory, node has {:.2} GiB free of {:.2} GiB allocatable",
+            pod.memory_bytes as f64 / GIB,
+            mem_free as f64 / GIB,
+            node.memory_allocatable_bytes as f64 / GIB
+        ));
+    }
+    Ok(())
+}
+
+/// Class-level checks on a device profile.
+pub fn check_profile(
+    class: &str,
+    config: Option<&ClassConfig>,
+    profile: &DeviceProfile,
+) -> Result<(), String> {
+    let Some(cfg) = config else { return Ok(()) };
+    let vendor_ok = cfg
+        .allowed_vendors
+        .iter()
+        .any(|v| v.eq_ignore_ascii_case(&profile.vendor));
+    let model_ok = cfg
+        .allowed_models
+        .iter()
+        .any(|m| m.eq_ignore_ascii_case(&profile.model));
+    let restricted = !cfg.allowed_vendors.is_empty() || !cfg.allowed_models.is_empty();
+    if restricted && !vendor_ok && !model_ok {
+        return Err(format!(
+            "class {class} allows vendors {:?} and models {:?}; node has {} {}",
+            cfg.allowed_vendors, cfg.allowed_models, profile.vendor, profile.model
+        ));
+    }
+    if profile.memory_bytes < cfg.min_device_memory_bytes {
+        return Err(format!(
+            "class {class} needs {:.1} GiB per device; node's {} has {:.1} GiB",
+            cfg.min_device_memory_bytes as f64 / GIB,
+            profile.model,
+            profile.memory_bytes as f64 / GIB
+        ));
+    }
+    Ok(())
+}
+
+/// How many members of a gang (each asking for what `pod` asks) fit on a node.
+pub fn slots(node: &NodeState, pod: &PodSpec, cap: u32) -> u32 {
+    let per = |free: u64, each: u64| free.checked_div(each).unwrap_or(u64::from(cap));
+    let gpu = per(u64::from(node.free_devices), u64::from(pod.gpus));
+    let cpu = per(
+        node.cpu_allocatable_milli
+            .saturating_sub(node.cpu_requested_milli),
+        pod.cpu_milli,
+    );
+    let mem = per(
+        node.memory_allocatable_bytes
+            .saturating_sub(node.memory_requested_bytes),
+        pod.memory_bytes,
+    );
+    gpu.min(cpu).min(mem).min(u64::from(cap)) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile(vendor: &str, model: &str, mem_gib: u64) -> DeviceProfile {
+        DeviceProfile {
+            vendor: vendor.into(),
+            model: model.into(),
+            count: 8,
+            memory_bytes: mem_gib << 30,
+        }
+    }
+
+    #[test]
+    fn class_constraints_explain_themselves() {
+        let cfg = ClassConfig {
+            allowed_vendors: vec!["NVIDIA".into()],
+            allowed_models: vec!["MI300X".into()],
+            min_device_memory_bytes: 24 << 30,
+            threshold_factor: None,
+        };
+        assert!(check_profile("llm", Some(&cfg), &profile("nvidia", "A100", 80)).is_ok());
+        assert!(check_profile("llm", Some(&cfg), &profile("amd", "mi300x", 192)).is_ok());
+        let e = check_profile("llm", Some(&cfg), &profile("amd", "MI250", 64)).unwrap_err();
+        assert!(e.contains("allows vendors"), "{e}");
+        let e = check_profile("llm", Some(&cfg), &profile("nvidia", "T4", 16)).unwrap_err();
+        assert!(e.contains("needs 24.0 GiB"), "{e}");
+        assert!(check_profile("any", None, &profile("x", "y", 1)).is_ok());
+    }
+}

@@ -1,0 +1,493 @@
+//! The first model (patent step 2): predict a pod's compute time on a node, with an uncertainty
+//! and the source of the evidence.
+//!
+//! Everything is in log space: `x = ln(seconds / work_units)`. Run times are multiplicative
+//! (a device twice as fast halves the time; noise is a percentage), so logs make the effects
+//! additive and the noise roughly symmetric. The evidence hierarchy, most specific first:
+//!
+//! 1. **Own history** of (class, node), once it has `min_own_runs`; blended by precision with the
+//!    profile estimate so one unusual node is detected without being trusted on two runs.
+//! 2. **Profile**: runs of the class pooled over nodes with the same [`DeviceProfile`], shrunk
+//!    towards the transfer estimate by precision (helps most after one or two runs).
+//! 3. **Transfer**: a log-additive model `x = class effect + profile effect (+ interaction)`,
+//!    refitted on every observation by weighted alternating least squares over the (class,
+//!    profile) cells, with the capability prior as a ridge on each profile effect. A class seen
+//!    on other profiles is predicted on a new one through the speed factor learned from every
+//!    other class; the residual spread of the fit is the uncertainty.
+//! 4. **Prior**: the class effect (or `default_class_seconds` for a class never seen) and the
+//!    capability table of [`crate::prior`].
+//!
+//! Each cell keeps a window of its newest runs and a robust location: weighted median, then a
+//! few Huber iterations with a MAD scale shrunk toward a prior scale. One straggler moves the
+//! estimate by at most a clipped residual divided by the runs, and a window forgets drift.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::SchedulerConfig;
+use crate::prior::capability;
+use crate::types::{DeviceProfile, Prediction, PredictionSource};
+
+/// Prior scale (log sd) of run-to-run noise, and its pseudo-count, for a cell with few runs.
+const PRIOR_SCALE: f64 = 0.2;
+const PRIOR_SCALE_WEIGHT: f64 = 2.0;
+const MIN_SCALE: f64 = 0.02;
+/// Huber tuning constant (in robust standard deviations).
+const HUBER_K: f64 = 1.5;
+/// Node-to-node spread (log sd) within a device profile, for blending own history with the pool.
+pub(crate) const NODE_SPREAD: f64 = 0.1;
+/// Ridge weight of the capability prior on each profile effect, in runs.
+const PROFILE_PRIOR_WEIGHT: f64 = 0.5;
+/// Prior spread of the class x profile interaction and its pseudo-count (in cells).
+const PRIOR_INTERACTION_SD: f64 = 0.3;
+const PRIOR_INTERACTION_WEIGHT: f64 = 2.0;
+/// Log sd of the level of a class never seen.
+const UNSEEN_CLASS_LOG_SD: f64 = 1.5;
+
+/// FNV-1a, a fast deterministic hasher for node-name lookups on the ranking hot path.
+#[derive(Clone, Copy, Debug)]
+pub struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+/// One run as the model keeps it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Obs {
+    /// `ln(seconds / work_units)`.
+    pub x: f64,
+    /// Weight in (0, 1] (in-progress runs count by their progress).
+    pub w: f64,
+    /// When it was observed.
+    pub t: f64,
+}
+
+/// Robust location and scale of a window of runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Estimate {
+    /// Robust mean of `x`.
+    pub mean: f64,
+    /// Robust log sd of one run.
+    pub scale: f64,
+    /// Sum of weights.
+    pub n: f64,
+}
+
+impl Estimate {
+    /// Standard error of the mean.
+    pub fn se(&self) -> f64 {
+        self.scale / self.n.max(1e-9).sqrt()
+    }
+}
+
+/// A window of the newest runs with its cached robust estimate.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Window {
+    pub obs: VecDeque<Obs>,
+    pub est: Estimate,
+}
+
+impl Window {
+    pub fn push(&mut self, obs: Obs, cap: usize) {
+        while self.obs.len() >= cap.max(1) {
+            self.obs.pop_front();
+        }
+        self.obs.push_back(obs);
+        self.est = robust_estimate(&self.obs);
+    }
+}
+
+fn weighted_median(pairs: &mut [(f64, f64)]) -> f64 {
+    pairs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total: f64 = pairs.iter().map(|p| p.1).sum();
+    let mut acc = 0.0;
+    for (i, &(x, w)) in pairs.iter().enumerate() {
+        acc += w;
+        if acc >= total / 2.0 {
+            // Exactly half: average with the next value, as an ordinary median does.
+            if (acc - total / 2.0).abs() < 1e-12 && i + 1 < pairs.len() {
+                return (x + pairs[i + 1].0) / 2.0;
+            }
+            return x;
+        }
+    }
+    pairs.last().map_or(0.0, |p| p.0)
+}
+
+/// Weighted Huber M-estimate with a MAD scale shrunk toward the prior scale.
+pub(crate) fn robust_estimate(obs: &VecDeque<Obs>) -> Estimate {
+    let n: f64 = obs.iter().map(|o| o.w).sum();
+    if obs.is_empty() || n <= 0.0 {
+        return Estimate::default();
+    }
+    let mut pairs: Vec<(f64, f64)> = obs.iter().map(|o| (o.x, o.w)).collect();
+    let mut m = weighted_median(&mut pairs);
+    let mut dev: Vec<(f64, f64)> = obs.iter().map(|o| ((o.x - m).abs(), o.w)).collect();
+    let mad = 1.4826 * weighted_median(&mut dev);
+    let scale = ((PRIOR_SCALE_WEIGHT * PRIOR_SCALE * PRIOR_SCALE + n * mad * mad)
+        / (PRIOR_SCALE_WEIGHT + n))
+        .sqrt()
+        .max(MIN_SCALE);
+    for _ in 0..6 {
+        let (mut num, mut den) = (0.0, 0.0);
+        for o in obs {
+            let r = ((o.x - m) / scale).abs();
+            let hw = if r <= HUBER_K { 1.0 } else { HUBER_K / r };
+            num += o.w * hw * o.x;
+            den += o.w * hw;
+        }
+        if den > 0.0 {
+            m = num / den;
+        }
+    }
+    Estimate { mean: m, scale, n }
+}
+
+/// Runs of one class pooled over one device profile.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Cell {
+    pub profile: DeviceProfile,
+    pub window: Window,
+}
+
+/// Runs of one class on one node, and the node's actual reviews for the class.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct NodeCell {
+    /// Profile key the runs were made on (history is ignored if the node's hardware changes).
+    pub profile_key: String,
+    pub window: Window,
+    /// Decayed good reviews as of `t_ref`.
+    pub good: f64,
+    /// Decayed bad reviews as of `t_ref`.
+    pub bad: f64,
+    /// Reference time of `good` and `bad`.
+    pub t_ref: f64,
+}
+
+/// Everything learned about one class.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ClassState {
+    /// Fitted class effect (log seconds per unit on a speed-1 device); `None` before any run.
+    pub effect: Option<f64>,
+    /// Per-profile cells, by profile key.
+    pub cells: BTreeMap<String, Cell>,
+    /// Per-node cells.
+    pub nodes: HashMap<String, NodeCell, BuildHasherDefault<Fnv>>,
+    /// Fastest known per-unit log time over the class's profiles (the actual-review reference).
+    pub best: Option<f64>,
+}
+
+/// A fitted profile effect of the transfer model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ProfileEffect {
+    /// Fitted effect (log time relative to the class effect).
+    pub effect: f64,
+    /// Runs (over all classes) behind it.
+    pub weight: f64,
+}
+
+/// The learned state of the scheduler: serialisable for persistence, opaque otherwise.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelState {
+    pub(crate) classes: BTreeMap<String, ClassState>,
+    pub(crate) profile_effects: BTreeMap<String, ProfileEffect>,
+    pub(crate) interaction_sd: Option<f64>,
+    pub(crate) runs: u64,
+}
+
+impl ModelState {
+    /// Classes with at least one run.
+    pub fn classes(&self) -> impl Iterator<Item = &str> {
+        self.classes.keys().map(String::as_str)
+    }
+
+    /// Runs observed in total.
+    pub fn runs(&self) -> u64 {
+        self.runs
+    }
+
+    /// Runs (effective weight, rounded down) of a class on a node.
+    pub fn node_runs(&self, class: &str, node: &str) -> u32 {
+        self.classes
+            .get(class)
+            .and_then(|c| c.nodes.get(node))
+            .map_or(0, |n| n.window.est.n as u32)
+    }
+
+    pub(crate) fn interaction_sd(&self) -> f64 {
+        self.interaction_sd.unwrap_or(PRIOR_INTERACTION_SD)
+    }
+
+    /// Refits the log-additive transfer model over every (class, profile) cell.
+    pub(crate) fn refit(&mut self, config: &SchedulerConfig) {
+        let mut prior: BTreeMap<String, f64> = BTreeMap::new();
+        for class in self.classes.values() {
+            for (key, cell) in &class.cells {
+                prior.entry(key.clone()).or_insert_with(|| {
+                    -capability(&cell.profile.model, &config.capability_overrides)
+                        .speed
+                        .ln()
+                });
+            }
+        }
+        // Warm start from the previous fit: one new run barely moves it, so few sweeps converge.
+        let mut beta = prior.clone();
+        for (key, b) in &mut beta {
+            if let Some(p) = self.profile_effects.get(key) {
+                *b = p.effect;
+            }
+        }
+        let lambda = if config.enable_transfer {
+            PROFILE_PRIOR_WEIGHT
+        } else {
+            f64::INFINITY
+        };
+        for _ in 0..100 {
+            for class in self.classes.values_mut() {
+                let (mut num, mut den) = (0.0, 0.0);
+                for (key, cell) in &class.cells {
+                    let b = beta.get(key).copied().unwrap_or(0.0);
+                    num += cell.window.est.n * (cell.window.est.mean - b);
+                    den += cell.window.est.n;
+                }
+                class.effect = (den > 0.0).then(|| num / den);
+            }
+            if lambda.is_infinite() {
+                break;
+            }
+            let mut change = 0f64;
+            for (key, b) in &mut beta {
+                let p = prior.get(key).copied().unwrap_or(0.0);
+                let (mut num, mut den) = (lambda * p, lambda);
+                for class in self.classes.values() {
+                    if let (Some(cell), Some(mu)) = (class.cells.get(key), class.effect) {
+                        num += cell.window.est.n * (cell.window.est.mean - mu);
+                        den += cell.window.est.n;
+                    }
+                }
+                change = change.max((num / den - *b).abs());
+                *b = num / den;
+            }
+            if change < 1e-7 {
+                break;
+            }
+        }
+        self.profile_effects.clear();
+        let (mut ss, mut sw) = (0.0, 0.0);
+        for class in self.classes.values() {
+            let Some(mu) = class.effect else { continue };
+            // A class seen on one profile fits it exactly and says nothing about interactions.
+            if class.cells.len() < 2 {
+                continue;
+            }
+            for (key, cell) in &class.cells {
+                let b = beta.get(key).copied().unwrap_or(0.0);
+                let r = cell.window.est.mean - mu - b;
+                ss += r * r;
+                sw += 1.0;
+            }
+        }
+        self.interaction_sd = Some(
+            ((PRIOR_INTERACTION_WEIGHT * PRIOR_INTERACTION_SD.powi(2) + ss)
+                / (PRIOR_INTERACTION_WEIGHT + sw))
+                .sqrt(),
+        );
+        if config.enable_transfer {
+            for (key, b) in beta {
+                let weight = self
+                    .classes
+                    .values()
+                    .filter_map(|c| c.cells.get(&key))
+                    .map(|c| c.window.est.n)
+                    .sum();
+                self.profile_effects
+                    .insert(key, ProfileEffect { effect: b, weight });
+            }
+        }
+        for class in self.classes.values_mut() {
+            class.best = class
+                .cells
+                .values()
+                .map(|c| c.window.est.mean)
+                .min_by(f64::total_cmp);
+        }
+    }
+}
+
+/// A prediction in log space per work unit, before scaling.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct LogPrediction {
+    pub mean: f64,
+    pub sd: f64,
+    pub source: PredictionSource,
+}
+
+impl LogPrediction {
+    pub fn to_prediction(self, work_units: Option<f64>) -> Prediction {
+        Prediction {
+            seconds: self.mean.exp() * work_scale(work_units),
+            uncertainty_log_sd: self.sd,
+            source: self.source,
+        }
+    }
+}
+
+/// The multiplier of a declared amount of work (1 when absent or nonsensical).
+pub(crate) fn work_scale(work_units: Option<f64>) -> f64 {
+    match work_units {
+        Some(w) if w.is_finite() && w > 0.0 => w,
+        _ => 1.0,
+    }
+}
+
+fn precision_blend(a: f64, sa: f64, b: f64, sb: f64) -> (f64, f64) {
+    let (pa, pb) = (1.0 / (sa * sa).max(1e-12), 1.0 / (sb * sb).max(1e-12));
+    ((a * pa + b * pb) / (pa + pb), (1.0 / (pa + pb)).sqrt())
+}
+
+/// Profile-level prediction for a class (no node history).
+pub(crate) fn predict_profile(
+    state: &ModelState,
+    config: &SchedulerConfig,
+    class: Option<&ClassState>,
+    profile: &DeviceProfile,
+    key: &str,
+) -> LogPrediction {
+    let cap = capability(&profile.model, &config.capability_overrides);
+    let learned = if config.enable_transfer {
+        state.profile_effects.get(key).filter(|p| p.weight > 0.0)
+    } else {
+        None
+    };
+    let (beta, beta_sd, transferred) = match learned {
+        Some(p) => (
+            p.effect,
+            1.0 / (p.weight + PROFILE_PRIOR_WEIGHT).sqrt() * 0.2,
+            true,
+        ),
+        None => (-cap.speed.ln(), cap.log_sd(), false),
+    };
+    let base = match class.and_then(|c| c.effect) {
+        Some(mu) => {
+            let sd = (state.interaction_sd().powi(2) + beta_sd * beta_sd).sqrt();
+            let source = if transferred {
+                PredictionSource::Transfer
+            } else {
+                PredictionSource::Prior
+            };
+            LogPrediction {
+                mean: mu + beta,
+                sd,
+                source,
+            }
+        }
+        None => LogPrediction {
+            mean: config.default_class_seconds.ln() + beta,
+            sd: (UNSEEN_CLASS_LOG_SD.powi(2) + beta_sd * beta_sd).sqrt(),
+            source: if transferred {
+                PredictionSource::Transfer
+            } else {
+                PredictionSource::Prior
+            },
+        },
+    };
+    match class.and_then(|c| c.cells.get(key)) {
+        Some(cell) if cell.window.est.n > 0.0 => {
+            let est = cell.window.est;
+            let (mean, sd) = precision_blend(est.mean, est.se(), base.mean, base.sd);
+            LogPrediction {
+                mean,
+                sd,
+                source: PredictionSource::Profile {
+                    runs: est.n.round() as u32,
+                },
+            }
+        }
+        _ => base,
+    }
+}
+
+/// Node-level prediction: the profile prediction refined by the node's own runs.
+pub(crate) fn predict_node(
+    profile_pred: LogPrediction,
+    node: Option<&NodeCell>,
+    profile_key: &str,
+    min_own_runs: u32,
+) -> LogPrediction {
+    match node {
+        Some(cell) if cell.window.est.n > 0.0 && cell.profile_key == profile_key => {
+            let est = cell.window.est;
+            let prior_sd = (profile_pred.sd * profile_pred.sd + NODE_SPREAD * NODE_SPREAD).sqrt();
+            let (mean, sd) = precision_blend(est.mean, est.se(), profile_pred.mean, prior_sd);
+            let source = if est.n + 1e-9 >= f64::from(min_own_runs) {
+                PredictionSource::OwnHistory {
+                    runs: est.n.round() as u32,
+                }
+            } else {
+                profile_pred.source
+            };
+            LogPrediction { mean, sd, source }
+        }
+        _ => profile_pred,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(xs: &[f64]) -> VecDeque<Obs> {
+        xs.iter().map(|&x| Obs { x, w: 1.0, t: 0.0 }).collect()
+    }
+
+    #[test]
+    fn one_straggler_does_not_wreck_the_estimate() {
+        let clean = robust_estimate(&window(&[1.0, 1.02, 0.98, 1.01, 0.99]));
+        let dirty = robust_estimate(&window(&[1.0, 1.02, 0.98, 1.01, 0.99, 1.0 + 3.0]));
+        assert!((clean.mean - 1.0).abs() < 0.01);
+        // A 20x straggler moves the mean by well under a tenth of its size.
+        assert!((dirty.mean - clean.mean).abs() < 0.1, "{dirty:?}");
+    }
+
+    #[test]
+    fn single_run_is_its_own_estimate() {
+        let e = robust_estimate(&window(&[2.5]));
+        assert_eq!(e.mean, 2.5);
+        assert_eq!(e.n, 1.0);
+        assert!(e.scale > 0.0);
+    }
+
+    #[test]
+    fn window_forgets_oldest() {
+        let mut w = Window::default();
+        for i in 0..10 {
+            w.push(
+                Obs {
+                    x: f64::from(i),
+                    w: 1.0,
+                    t: 0.0,
+                },
+                4,
+            );
+        }
+        assert_eq!(w.obs.len(), 4);
+        assert_eq!(w.obs.front().map(|o| o.x), Some(6.0));
+    }
+}

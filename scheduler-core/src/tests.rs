@@ -1,0 +1,283 @@
+//! Behaviour tests of the facade: the pipeline end to end on small clusters.
+
+use super::*;
+
+pub(crate) fn profile(model: &str) -> DeviceProfile {
+    DeviceProfile {
+        vendor: "nvidia".into(),
+        model: model.into(),
+        count: 4,
+        memory_bytes: 16 << 30,
+    }
+}
+
+pub(crate) fn node(name: &str, model: &str) -> NodeState {
+    NodeState {
+        name: name.into(),
+        profile: profile(model),
+        free_devices: 4,
+        cpu_allocatable_milli: 32_000,
+        cpu_requested_milli: 0,
+        memory_allocatable_bytes: 128 << 30,
+        memory_requested_bytes: 0,
+        health: NodeHealth::Healthy,
+    }
+}
+
+pub(crate) fn pod(class: Option<&str>) -> PodSpec {
+    PodSpec {
+        namespace: "default".into(),
+        name: "job".into(),
+        class: class.map(Into::into),
+        gpus: 1,
+        cpu_milli: 1000,
+        memory_bytes: 1 << 30,
+        work_units: None,
+        deadline_seconds: None,
+        gang: None,
+    }
+}
+
+pub(crate) fn run(node: &str, model: &str, class: &str, seconds: f64, end: f64) -> RunObservation {
+    RunObservation {
+        node: node.into(),
+        class: class.into(),
+        profile: profile(model),
+        gpus: 1,
+        start: end - seconds,
+        end,
+        completed: true,
+        progress: None,
+        gpu_busy_seconds: None,
+        work_units: None,
+    }
+}
+
+#[test]
+fn unclassified_pods_get_neutral_scores() {
+    let s = Scheduler::new(SchedulerConfig::default());
+    let nodes = vec![node("a", "V100"), node("b", "K80")];
+    let r = s.rank(&pod(None), &nodes, 0.0, 1);
+    assert_eq!(r.entries.len(), 2);
+    assert!(
+        r.entries
+            .iter()
+            .all(|e| e.score == 5 && e.prediction.is_none())
+    );
+    assert_eq!(r.threshold_seconds, None);
+}
+
+#[test]
+fn prior_prefers_faster_devices_before_any_history() {
+    let s = Scheduler::new(SchedulerConfig::default());
+    let nodes = vec![node("slow", "Tesla K80"), node("fast", "H100 SXM")];
+    let r = s.rank(&pod(Some("resnet")), &nodes, 0.0, 1);
+    assert_eq!(r.best().map(|e| e.node.as_str()), Some("fast"));
+    assert!(r.entries.iter().all(|e| {
+        e.prediction
+            .as_ref()
+            .is_some_and(|p| p.source == PredictionSource::Prior)
+    }));
+}
+
+#[test]
+fn learns_that_a_slower_spec_is_faster_for_a_class() {
+    // The class runs 3x faster on the "K80" than on the "V100" (like Gavel's recommendation model):
+    // evidence must beat the specification prior.
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    let mut t = 0.0;
+    for _ in 0..5 {
+        t += 1000.0;
+        s.observe(&run("k", "K80", "rec", 100.0, t), t)
+            .expect("valid");
+        s.observe(&run("v", "V100", "rec", 300.0, t), t)
+            .expect("valid");
+    }
+    let nodes = vec![node("v", "V100"), node("k", "K80")];
+    let r = s.rank(&pod(Some("rec")), &nodes, t, 7);
+    println!("{}", r.to_table());
+    assert_eq!(r.best().map(|e| e.node.as_str()), Some("k"));
+    let k = &r.entries[0];
+    assert_eq!(k.review, Some(Review::Good));
+    assert_eq!(r.entries[1].review, Some(Review::Bad));
+    assert!(k.score > r.entries[1].score);
+    let p = k.prediction.as_ref().expect("prediction");
+    assert!((p.seconds / 100.0 - 1.0).abs() < 0.05, "{p:?}");
+    assert!(matches!(p.source, PredictionSource::OwnHistory { runs: 5 }));
+}
+
+#[test]
+fn unfit_nodes_are_rejected_with_reasons() {
+    let mut cfg = SchedulerConfig::default();
+    cfg.classes.insert(
+        "llm".into(),
+        ClassConfig {
+            allowed_vendors: vec!["amd".into()],
+            ..ClassConfig::default()
+        },
+    );
+    let s = Scheduler::new(cfg);
+    let mut full = node("full", "V100");
+    full.free_devices = 0;
+    let mut sick = node("sick", "V100");
+    sick.health = NodeHealth::Unhealthy {
+        reason: "XID 79".into(),
+    };
+    let mut stale = node("stale", "V100");
+    stale.health = NodeHealth::Stale { age_seconds: 300.0 };
+    let mut amd = node("amd", "MI300X");
+    amd.profile.vendor = "amd".into();
+    let nodes = vec![full, sick, stale, node("nv", "A100"), amd];
+    let r = s.rank(&pod(Some("llm")), &nodes, 0.0, 1);
+    assert_eq!(r.entries.len(), 1);
+    assert_eq!(r.entries[0].node, "amd");
+    let reasons: Vec<&str> = r.rejected.iter().map(|x| x.reason.as_str()).collect();
+    assert!(reasons[0].contains("free device"), "{reasons:?}");
+    assert!(reasons[1].contains("allows vendors"), "{reasons:?}");
+    assert!(reasons[2].contains("XID 79"), "{reasons:?}");
+    assert!(reasons[3].contains("stale"), "{reasons:?}");
+}
+
+#[test]
+fn deadline_is_the_threshold_and_work_scales_time() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    for i in 0..3 {
+        let mut r = run("a", "V100", "c", 200.0, 1000.0 * f64::from(i + 1));
+        r.work_units = Some(2.0);
+        s.observe(&r, 1000.0 * f64::from(i + 1)).expect("valid");
+    }
+    let mut p = pod(Some("c"));
+    p.work_units = Some(10.0);
+    p.deadline_seconds = Some(900.0);
+    let r = s.rank(&p, &[node("a", "V100")], 4000.0, 1);
+    assert_eq!(r.threshold_seconds, Some(900.0));
+    let e = &r.entries[0];
+    let secs = e.prediction.as_ref().map(|x| x.seconds).unwrap_or_default();
+    assert!((secs - 1000.0).abs() < 20.0, "{secs}");
+    assert_eq!(e.review, Some(Review::Bad));
+}
+
+#[test]
+fn observe_rejects_nonsense_and_leaves_state_untouched() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    let before = s.state().clone();
+    let mut bad = run("a", "V100", "c", 10.0, 100.0);
+    bad.end = 50.0;
+    bad.start = 60.0;
+    assert!(matches!(
+        s.observe(&bad, 100.0),
+        Err(ObserveError::EndBeforeStart { .. })
+    ));
+    let mut nan = run("a", "V100", "c", 10.0, 100.0);
+    nan.end = f64::NAN;
+    assert!(matches!(
+        s.observe(&nan, 100.0),
+        Err(ObserveError::NonFinite { .. })
+    ));
+    let mut prog = run("a", "V100", "c", 10.0, 100.0);
+    prog.completed = false;
+    prog.progress = Some(1.5);
+    assert_eq!(
+        s.observe(&prog, 100.0),
+        Err(ObserveError::ProgressOutOfRange(1.5))
+    );
+    prog.progress = None;
+    assert_eq!(s.observe(&prog, 100.0), Err(ObserveError::MissingProgress));
+    let zero = run("a", "V100", "c", 0.0, 100.0);
+    assert_eq!(s.observe(&zero, 100.0), Err(ObserveError::ZeroDuration));
+    assert_eq!(s.state(), &before);
+}
+
+#[test]
+fn in_progress_runs_extrapolate() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    let mut r = run("a", "V100", "c", 50.0, 100.0);
+    r.completed = false;
+    r.progress = Some(0.25);
+    let f = s.observe(&r, 100.0).expect("valid");
+    assert_eq!(f.actual_seconds, 200.0);
+    assert_eq!(f.third_queue.first().map(|x| x.0.as_str()), Some("a"));
+}
+
+#[test]
+fn one_poisoned_run_has_bounded_influence() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    for i in 1..=10 {
+        s.observe(
+            &run("a", "V100", "c", 100.0, f64::from(i) * 1000.0),
+            f64::from(i) * 1000.0,
+        )
+        .expect("valid");
+    }
+    s.observe(&run("a", "V100", "c", 1.0e7, 2.0e7), 2.0e7)
+        .expect("valid");
+    let p = s.predict("c", "a", &profile("V100"), None);
+    assert!(p.seconds < 130.0, "{p:?}");
+}
+
+#[test]
+fn gang_prefers_one_profile_and_reports_slowest_member() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    for i in 1..=3 {
+        let t = f64::from(i) * 1000.0;
+        for (n, m, secs) in [
+            ("v1", "V100", 100.0),
+            ("v2", "V100", 100.0),
+            ("p1", "P100", 105.0),
+            ("k1", "K80", 400.0),
+        ] {
+            s.observe(&run(n, m, "c", secs, t), t).expect("valid");
+        }
+    }
+    let mut p = pod(Some("c"));
+    p.gpus = 2;
+    p.gang = Some(GangSpec {
+        name: "g".into(),
+        size: 4,
+    });
+    let nodes = vec![
+        node("v1", "V100"),
+        node("v2", "V100"),
+        node("p1", "P100"),
+        node("k1", "K80"),
+    ];
+    let g = s.place_gang(&p, &nodes, 5000.0, 1).expect("fits");
+    assert_eq!(g.members.len(), 4);
+    assert!(
+        g.members
+            .iter()
+            .all(|m| m.node.starts_with('v') && m.gpus == 2),
+        "{g:?}"
+    );
+    assert_eq!(
+        g.expires_at,
+        5000.0 + s.config().gang_reservation_ttl_seconds
+    );
+    assert!((g.predicted_seconds - 100.0).abs() < 5.0);
+    p.gang = Some(GangSpec {
+        name: "g".into(),
+        size: 9,
+    });
+    assert!(matches!(
+        s.place_gang(&p, &nodes, 5000.0, 1),
+        Err(PlaceError::InsufficientCapacity {
+            needed: 9,
+            available: 8,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn state_round_trips_through_json() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.observe(&run("a", "V100", "c", 100.0, 1000.0), 1000.0)
+        .expect("valid");
+    let json = serde_json::to_string(s.state()).expect("serialises");
+    let back: ModelState = serde_json::from_str(&json).expect("deserialises");
+    let s2 = Scheduler::with_state(SchedulerConfig::default(), back);
+    assert_eq!(
+        s.predict("c", "a", &profile("V100"), None),
+        s2.predict("c", "a", &profile("V100"), None)
+    );
+}
