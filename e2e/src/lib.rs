@@ -21,6 +21,7 @@ pub mod nodes;
 pub mod orchestrator;
 pub mod paths;
 pub mod proc;
+pub mod telemetry;
 
 pub use cluster::{ControlPlane, ControlPlaneOptions, ExtenderOptions};
 pub use kubelet::KubeletDm;

@@ -19,6 +19,18 @@ use serde_json::json;
 pub const MODEL_LABEL: &str = "kudos.dev/gpu-model";
 /// Label carrying the GPU vendor of a node.
 pub const VENDOR_LABEL: &str = "kudos.dev/gpu-vendor";
+/// Label carrying the memory per GPU in bytes.
+pub const MEMORY_LABEL: &str = "kudos.dev/gpu-memory-bytes";
+
+/// Memory per GPU of the trace's models, GiB (G1..G3 are undisclosed: 16 assumed).
+pub fn model_memory_gib(model: &str) -> u64 {
+    match model {
+        "V100M32" => 32,
+        "A10" => 24,
+        "T4" | "P100" | "V100M16" => 16,
+        _ => 16,
+    }
+}
 
 /// One node's shape.
 #[derive(Debug, Clone, Deserialize)]
@@ -107,6 +119,7 @@ pub async fn create_nodes(client: &Client, shapes: &[NodeShape], resource: &str)
                             "kubernetes.io/os": "linux",
                             VENDOR_LABEL: "nvidia",
                             MODEL_LABEL: s.model,
+                            MEMORY_LABEL: (model_memory_gib(&s.model) << 30).to_string(),
                         }
                     }
                 }))?;

@@ -1,0 +1,139 @@
+//! Scenario 2: the real kube-scheduler calls the Kudos extender (`kudos-orchestrator`
+//! against the real API server). After run reports show one GPU model clearly fastest for a
+//! class, new pods of that class land on nodes of that model, `/explain` agrees, pods without
+//! the resource are unaffected, and a down extender gives clear errors (or is ignored when
+//! configured `ignorable`).
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, PostParams};
+use kudos_e2e::nodes::{MODEL_LABEL, create_nodes, uniform_shapes};
+use kudos_e2e::orchestrator::Orchestrator;
+use kudos_e2e::paths::{kudos_bin, upstream_bin};
+use kudos_e2e::proc::wait_for;
+use kudos_e2e::telemetry::{completed_run, report_runs};
+use kudos_e2e::{ControlPlane, ControlPlaneOptions, ExtenderOptions, RunDir, require_bins};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The class whose measured speed contradicts the device-capability prior: the T4 is
+/// fastest (as for Gavel's Recommendation jobs, where the K80 beats the V100).
+const CLASS: &str = "recommendation";
+const MODELS: [&str; 3] = ["V100M32", "P100", "T4"];
+
+fn pod(name: &str, class: Option<&str>, gpus: Option<u32>) -> Pod {
+    let mut res = json!({"cpu": "500m", "memory": "512Mi"});
+    if let Some(g) = gpus {
+        res["kudos.dev/gpu"] = json!(g.to_string());
+    }
+    let mut labels = json!({});
+    if let Some(c) = class {
+        labels["kudos.dev/class"] = json!(c);
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": labels},
+        "spec": {"containers": [{"name": "main", "image": "registry.invalid/none:0",
+                 "resources": {"requests": res, "limits": res}}]}
+    }))
+    .unwrap()
+}
+
+async fn bound_node(pods: &Api<Pod>, name: &str) -> anyhow::Result<String> {
+    wait_for(&format!("pod {name} bound"), Duration::from_secs(60), Duration::from_millis(200), || {
+        let pods = pods.clone();
+        async move { pods.get(name).await.ok().and_then(|p| p.spec.and_then(|s| s.node_name)) }
+    })
+    .await
+}
+
+async fn unschedulable_message(pods: &Api<Pod>, name: &str) -> anyhow::Result<String> {
+    wait_for(&format!("pod {name} unschedulable"), Duration::from_secs(60), Duration::from_millis(200), || {
+        let pods = pods.clone();
+        async move {
+            let p = pods.get(name).await.ok()?;
+            let c = p.status?.conditions?.into_iter().find(|c| c.type_ == "PodScheduled")?;
+            (c.status == "False").then(|| format!("{}: {}", c.reason.unwrap_or_default(), c.message.unwrap_or_default()))
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extender_steers_class_to_fastest_model_and_explain_agrees() -> anyhow::Result<()> {
+    let bins = [upstream_bin("etcd"), upstream_bin("kube-apiserver"), upstream_bin("kube-scheduler"), kudos_bin("kudos-orchestrator")];
+    if !require_bins("extender_scheduling", &bins) {
+        return Ok(());
+    }
+    let run = RunDir::new("extender")?;
+    let mut cp = ControlPlane::start(&run, ControlPlaneOptions::default()).await?;
+    let shapes = uniform_shapes(&MODELS, 3, 8);
+    create_nodes(&cp.client, &shapes, "kudos.dev/gpu").await?;
+    let model_of: BTreeMap<String, String> = shapes.iter().map(|s| (s.name.clone(), s.model.clone())).collect();
+    let names: Vec<String> = shapes.iter().map(|s| s.name.clone()).collect();
+    let mut orch = Orchestrator::start(run.path(), Some(&cp.kubeconfig), &names, &[]).await?;
+    let mut ext = ExtenderOptions::kudos(orch.extender_url());
+    ext.bind_verb = Some("bind".into());
+    cp.start_scheduler(50, Some(&ext))?;
+    let pods: Api<Pod> = Api::namespaced(cp.client.clone(), "default");
+
+    // Pods without the managed resource never reach the extender; pods with it but without
+    // a class get a neutral score and are bound.
+    pods.create(&PostParams::default(), &pod("plain", None, None)).await?;
+    pods.create(&PostParams::default(), &pod("no-class", None, Some(1))).await?;
+    bound_node(&pods, "plain").await?;
+    bound_node(&pods, "no-class").await?;
+
+    // History: every node ran the class several times; T4 nodes took 100 s, P100 300 s,
+    // V100 400 s.
+    let secs = |m: &str| match m {
+        "T4" => 100.0,
+        "P100" => 300.0,
+        _ => 400.0,
+    };
+    let mut seq = 0;
+    for s in &shapes {
+        let reports = (0..6)
+            .map(|i| {
+                seq += 1;
+                completed_run(&s.name, &s.model, CLASS, secs(&s.model), 600.0 + 700.0 * i as f64, seq)
+            })
+            .collect();
+        report_runs(&orch.grpc_addr, &s.name, reports).await?;
+    }
+
+    let nodes: Api<Node> = Api::all(cp.client.clone());
+    for i in 0..6 {
+        let name = format!("{CLASS}-{i}");
+        pods.create(&PostParams::default(), &pod(&name, Some(CLASS), Some(1))).await?;
+        let node = bound_node(&pods, &name).await?;
+        let model = nodes.get(&node).await?.metadata.labels.and_then(|l| l.get(MODEL_LABEL).cloned()).unwrap_or_default();
+        assert_eq!(model, "T4", "pod {name} landed on {node} ({model}); the class is fastest on T4");
+        let ex = orch.explain("default", &name)?;
+        let entries = ex["ranking"]["entries"].as_array().cloned().unwrap_or_default();
+        assert!(!entries.is_empty(), "/explain has a ranking for {name}: {ex}");
+        let best = entries.iter().filter_map(|e| e["score"].as_u64()).max().unwrap_or(0);
+        let mine = entries.iter().find(|e| e["node"] == node.as_str()).and_then(|e| e["score"].as_u64());
+        assert_eq!(mine, Some(best), "/explain: bound node {node} must carry the best Kudos score: {ex}");
+        let top = entries.iter().find(|e| e["rank"] == 1).and_then(|e| e["node"].as_str()).unwrap_or_default().to_string();
+        assert_eq!(model_of.get(&top).map(String::as_str), Some("T4"), "/explain ranks a T4 node first: {ex}");
+    }
+
+    // Extender down, not ignorable: GPU pods fail to schedule with a clear error, others are unaffected.
+    orch.stop();
+    pods.create(&PostParams::default(), &pod("while-down", Some(CLASS), Some(1))).await?;
+    let msg = unschedulable_message(&pods, "while-down").await?;
+    eprintln!("extender down: {msg}");
+    assert!(msg.contains("extender") || msg.contains("connection refused") || msg.contains("Post"), "error names the extender: {msg}");
+    pods.create(&PostParams::default(), &pod("plain-while-down", None, None)).await?;
+    bound_node(&pods, "plain-while-down").await?;
+
+    // Ignorable extender: the scheduler proceeds without it.
+    cp.stop_scheduler();
+    ext.ignorable = true;
+    ext.bind_verb = None; // an ignorable extender must not be the binder
+    cp.start_scheduler(50, Some(&ext))?;
+    bound_node(&pods, "while-down").await?;
+    cp.check_running()?;
+    Ok(())
+}
