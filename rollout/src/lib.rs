@@ -1,0 +1,80 @@
+//! Kudos rollout: from the plugin configuration to running device plugins (design §2.1,
+//! steps 5–7).
+//!
+//! When the orchestrator's plugin configuration gains or changes an entry, this crate
+//! 1. **derives a plugin image** per plugin group — the configured base plugin image plus one
+//!    deterministic layer carrying the group's plugin configuration files and Env naming the
+//!    unified resource and vendor — pushes it, and returns it **by digest** for the
+//!    orchestrator to record ([`ImageDeriver`], [`image`]);
+//! 2. **renders one DaemonSet per plugin group** with node affinity to exactly that group's
+//!    nodes and applies it with server-side apply, deleting DaemonSets of groups that left
+//!    ([`render_daemonsets`], [`apply()`], or [`render_yaml`] for a dry run);
+//! 3. **monitors** the configured nodes as a pure function of what the orchestrator's index
+//!    saw ([`monitor()`], [`NodeMonitor`], [`MonitorMetrics`]).
+//!
+//! A *plugin group* is the set of nodes sharing one set of vendors. It is a vendor in the
+//! common case; a node with two vendors' accelerators is in a group of its own (e.g.
+//! `amd-nvidia`) because the kubelet keeps one endpoint per resource name and all vendors
+//! register under the unified one, so such a node must run a single plugin serving both.
+//!
+//! # Wiring into the orchestrator
+//! ```text
+//!  orchestrator config ──into──▶ PluginConfigView ──watch::Sender──▶ rollout::run(rx, Ctx, shutdown)
+//!         ▲                                                               │ (lease holder only)
+//!         └──── ImageRecorder::record(generation, group → DerivedImage) ◀──┘
+//! ```
+//! - Convert the orchestrator's configuration into a [`PluginConfigView`]: `generation`,
+//!   `unified_resource_name`, `nodes: node → NodeEntry { vendors: vendor → VendorEntry {
+//!   vendor_resource_name, plugin_version, devices: [DeviceEntry { id, model, memory_bytes,
+//!   numa_node }] } }`, and `images: group → DerivedImage` as previously recorded.
+//! - Implement [`ImageRecorder`] to store returned [`DerivedImage`]s in the configuration
+//!   (this bumps its generation; the next pass finds nothing to derive and re-applies as a
+//!   no-op).
+//! - Build `Ctx::new(RolloutSettings, recorder, metrics).with_kube(client)
+//!   .with_deriver(ImageDeriver::new(RegistrySettings, metrics)?)`, or
+//!   `.with_mode(Mode::dry_run_stdout())` for `--dry-run`; then either spawn [`run`] with a
+//!   `watch::Receiver<Arc<PluginConfigView>>`, or call [`reconcile`]/[`error_policy`]
+//!   yourself. Register [`RolloutMetrics`] and [`MonitorMetrics`] on the `/metrics` registry.
+//! - For `/state` and the extender's filter, call [`monitor()`] with the view, the Node
+//!   observations, plugin health reports, heartbeats and the DaemonSets seen, and skip nodes
+//!   with `exclude_from_ranking`.
+//!
+//! # Contract with the device plugin image
+//! The derived image carries `/etc/kudos/plugin/<vendor>.json` ([`VendorPluginConfig`],
+//! `version: v1`) and sets `KUDOS_RESOURCE_NAME`, `KUDOS_VENDOR` (comma-separated) and
+//! `KUDOS_PLUGIN_CONFIG_DIR`. The DaemonSet adds `NODE_NAME`, `KUDOS_STATE_DIR`
+//! (`/var/lib/kudos`, a host directory) and, for NVIDIA, `KUDOS_NVML_LIBRARY_DIR`.
+//!
+//! TLS: the registry client uses rustls with the `ring` provider only;
+//! [`install_crypto_provider`] is called by [`ImageDeriver::new`].
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod apply;
+pub mod config;
+pub mod image;
+pub mod metrics;
+pub mod monitor;
+pub mod reconcile;
+pub mod registry;
+pub mod render;
+pub mod retry;
+
+pub use apply::{ApplyError, ApplyReport, apply, apply_daemonsets, prune_daemonsets};
+pub use config::{
+    ConfigError, DerivedImage, DeviceEntry, NodeEntry, PluginConfigView, PluginGroup, VendorEntry,
+    VendorPluginConfig,
+};
+pub use image::derive_tag;
+pub use metrics::{MonitorMetrics, RolloutMetrics};
+pub use monitor::{
+    ExclusionReason, MonitorInputs, MonitorPolicy, NodeMonitor, NodeObservation, PluginHealth,
+    RolloutState, monitor,
+};
+pub use reconcile::{Ctx, Error, ImageRecorder, Mode, error_policy, reconcile, run};
+pub use registry::{
+    CredentialSource, DeriveError, ImageDeriver, PlainHttp, RegistrySettings,
+    install_crypto_provider,
+};
+pub use render::{RolloutSettings, render_daemonsets, render_yaml};
+pub use retry::RetryPolicy;

@@ -1,0 +1,210 @@
+use super::*;
+use crate::config::tests::mk_view;
+use crate::metrics::MonitorMetrics;
+use crate::render::render_group;
+use k8s_openapi::api::apps::v1::DaemonSetStatus;
+use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use prometheus_client::registry::Registry;
+
+fn t(secs: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+}
+
+fn obs(alloc: u64) -> NodeObservation {
+    NodeObservation {
+        capacity: Some(alloc),
+        allocatable: Some(alloc),
+        ready: Some(true),
+    }
+}
+
+fn with_image(mut v: PluginConfigView, group: &str) -> PluginConfigView {
+    v.images.insert(
+        group.into(),
+        crate::config::DerivedImage {
+            reference: format!("r/p@sha256:{group}"),
+            digest: format!("sha256:{group}"),
+            tag: format!("{group}-g1"),
+            generation: 1,
+            base_image: "r/b:1".into(),
+            config_layer_diff_id: "sha256:0".into(),
+        },
+    );
+    v
+}
+
+#[test]
+fn node_observation_from_node_object() {
+    let node = Node {
+        status: Some(NodeStatus {
+            capacity: Some([("kudos.dev/gpu".to_string(), Quantity("4".into()))].into()),
+            allocatable: Some([("kudos.dev/gpu".to_string(), Quantity("3".into()))].into()),
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                ..NodeCondition::default()
+            }]),
+            ..NodeStatus::default()
+        }),
+        ..Node::default()
+    };
+    let o = NodeObservation::from_node(&node, "kudos.dev/gpu");
+    assert_eq!(
+        o,
+        NodeObservation {
+            capacity: Some(4),
+            allocatable: Some(3),
+            ready: Some(true)
+        }
+    );
+    let none = NodeObservation::from_node(&Node::default(), "kudos.dev/gpu");
+    assert_eq!(none, NodeObservation::default());
+}
+
+#[test]
+fn healthy_node_is_ranked_and_stale_ones_are_excluded_with_reasons() {
+    let view = with_image(mk_view(), "nvidia");
+    let settings = RolloutSettings::default();
+    let nodes = BTreeMap::from([
+        ("n1".to_string(), obs(1)),
+        ("n2".to_string(), obs(2)),
+        (
+            "n3".to_string(),
+            NodeObservation {
+                ready: Some(false),
+                ..obs(1)
+            },
+        ),
+    ]);
+    let health = BTreeMap::from([(
+        "n1".to_string(),
+        PluginHealth {
+            healthy: 1,
+            total: 1,
+        },
+    )]);
+    let heartbeats = BTreeMap::from([
+        ("n1".to_string(), t(1000)),
+        ("n2".to_string(), t(800)),
+        ("n3".to_string(), t(1100)),
+    ]);
+    let inputs = MonitorInputs {
+        now: t(1000 + 30),
+        nodes: &nodes,
+        plugin_health: &health,
+        heartbeats: &heartbeats,
+        daemonsets: &[],
+    };
+    let m = monitor(&view, &settings, &MonitorPolicy::default(), &inputs).unwrap();
+    assert_eq!(
+        m.iter().map(|n| n.node.as_str()).collect::<Vec<_>>(),
+        ["n1", "n2", "n3", "n4"]
+    );
+    let n1 = &m[0];
+    assert!(!n1.exclude_from_ranking, "{n1:?}");
+    assert_eq!(n1.heartbeat_age_seconds, Some(30.0));
+    assert_eq!(n1.healthy_devices, Some(1));
+    assert_eq!(n1.configured_devices, 1);
+    assert_eq!(n1.rollout, RolloutState::NotApplied);
+    assert_eq!(m[1].reasons, [ExclusionReason::HeartbeatStale]);
+    assert_eq!(m[2].reasons, [ExclusionReason::NodeNotReady]);
+    assert_eq!(
+        m[2].heartbeat_age_seconds,
+        Some(0.0),
+        "future heartbeat counts as fresh"
+    );
+    assert_eq!(m[2].rollout, RolloutState::NoImage);
+    assert_eq!(
+        m[3].reasons,
+        [ExclusionReason::NodeNotFound, ExclusionReason::NoHeartbeat]
+    );
+
+    let metrics = MonitorMetrics::default();
+    let mut registry = Registry::with_prefix("kudos_node");
+    metrics.register(&mut registry);
+    metrics.observe(&m);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        text.contains("kudos_node_excluded{node=\"n2\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("kudos_node_heartbeat_age_seconds{node=\"n1\"} 30.0"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("kudos_node_unified_capacity{node=\"n4\"}"),
+        "{text}"
+    );
+}
+
+#[test]
+fn zero_allocatable_with_configured_devices_excludes() {
+    let view = mk_view();
+    let nodes = BTreeMap::from([("n1".to_string(), obs(0))]);
+    let heartbeats = BTreeMap::from([("n1".to_string(), t(10))]);
+    let inputs = MonitorInputs {
+        now: t(10),
+        nodes: &nodes,
+        plugin_health: &BTreeMap::new(),
+        heartbeats: &heartbeats,
+        daemonsets: &[],
+    };
+    let m = monitor(
+        &view,
+        &RolloutSettings::default(),
+        &MonitorPolicy::default(),
+        &inputs,
+    )
+    .unwrap();
+    assert_eq!(m[0].reasons, [ExclusionReason::NoAllocatable]);
+}
+
+#[test]
+fn rollout_state_follows_daemonset_status() {
+    let view = with_image(mk_view(), "nvidia");
+    let group = &view.groups().unwrap()[2];
+    let image = &view.images["nvidia"].reference;
+    let mut ds = render_group(group, image, 1, &RolloutSettings::default());
+    ds.metadata.generation = Some(2);
+    assert_eq!(
+        rollout_state(Some(image), Some(&ds)),
+        RolloutState::Progressing {
+            desired: 0,
+            updated: 0,
+            available: 0
+        }
+    );
+    ds.status = Some(DaemonSetStatus {
+        desired_number_scheduled: 2,
+        updated_number_scheduled: Some(1),
+        number_available: Some(2),
+        observed_generation: Some(2),
+        ..DaemonSetStatus::default()
+    });
+    assert_eq!(
+        rollout_state(Some(image), Some(&ds)),
+        RolloutState::Progressing {
+            desired: 2,
+            updated: 1,
+            available: 2
+        }
+    );
+    ds.status.as_mut().unwrap().updated_number_scheduled = Some(2);
+    assert_eq!(
+        rollout_state(Some(image), Some(&ds)),
+        RolloutState::Complete { desired: 2 }
+    );
+    ds.status.as_mut().unwrap().observed_generation = Some(1);
+    assert!(matches!(
+        rollout_state(Some(image), Some(&ds)),
+        RolloutState::Progressing { .. }
+    ));
+    assert_eq!(
+        rollout_state(Some("other@sha256:x"), Some(&ds)),
+        RolloutState::ImageOutdated
+    );
+    assert_eq!(rollout_state(None, Some(&ds)), RolloutState::NoImage);
+}

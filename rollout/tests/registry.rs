@@ -1,0 +1,377 @@
+//! Image derivation against a real registry: Debian's `docker-registry` on a random loopback
+//! port, read back with `skopeo`. Skips (with a message) when either binary is missing.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kudos_rollout::config::{DeviceEntry, NodeEntry, VendorEntry};
+use kudos_rollout::image::{build_layer, sha256_digest};
+use kudos_rollout::{
+    DeriveError, DerivedImage, ImageDeriver, ImageRecorder, PlainHttp, PluginConfigView,
+    RegistrySettings, RetryPolicy, RolloutMetrics, RolloutSettings,
+};
+use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
+use oci_client::secrets::RegistryAuth;
+use serde_json::{Value, json};
+
+struct Registry {
+    child: Child,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tools_present() -> bool {
+    let ok = Path::new("/usr/bin/docker-registry").exists()
+        && Command::new("skopeo")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("SKIP: docker-registry or skopeo not installed");
+    }
+    ok
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn start_registry(port: u16) -> Registry {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yml");
+    let storage = dir.path().join("storage");
+    std::fs::write(
+        &config,
+        format!(
+            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n",
+            storage.display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new("/usr/bin/docker-registry")
+        .arg("serve")
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    // Wait until it accepts connections (bounded; not a timing assertion).
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(&addr).is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Registry {
+        child,
+        addr,
+        _dir: dir,
+    }
+}
+
+/// Pushes a minimal base image (one layer with an executable script) with oci-client.
+async fn push_base(addr: &str) -> String {
+    let reference = format!("{addr}/kudos/device-plugin:base");
+    let files = BTreeMap::from([(
+        "kudos-device-plugin".to_string(),
+        b"#!/bin/sh\necho plugin\n".to_vec(),
+    )]);
+    let layer = build_layer(&files).unwrap();
+    let config = json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Env": ["PATH=/usr/bin:/bin"], "Entrypoint": ["/kudos-device-plugin"]},
+        "rootfs": {"type": "layers", "diff_ids": [layer.diff_id]},
+        "history": [{"created_by": "test base"}],
+    });
+    let client = oci_client::Client::new(ClientConfig {
+        protocol: ClientProtocol::Http,
+        ..ClientConfig::default()
+    });
+    client
+        .push(
+            &reference.parse().unwrap(),
+            &[ImageLayer::oci_v1_gzip(layer.compressed.clone(), None)],
+            Config::oci_v1(serde_json::to_vec(&config).unwrap(), None),
+            &RegistryAuth::Anonymous,
+            None,
+        )
+        .await
+        .unwrap();
+    reference
+}
+
+fn settings(addr: &str, base: &str, retry: RetryPolicy) -> RegistrySettings {
+    RegistrySettings {
+        base_image: base.into(),
+        repository: format!("{addr}/kudos/device-plugin-derived"),
+        plain_http: PlainHttp::Loopback,
+        credentials: Default::default(),
+        retry,
+        connect_timeout: Duration::from_secs(5),
+        read_timeout: Duration::from_secs(30),
+    }
+}
+
+fn view() -> PluginConfigView {
+    let nv = VendorEntry {
+        vendor_resource_name: "nvidia.com/gpu".into(),
+        plugin_version: "0.1.0".into(),
+        devices: vec![DeviceEntry {
+            id: "nv-GPU-0".into(),
+            model: "A100".into(),
+            memory_bytes: 40 << 30,
+            numa_node: Some(0),
+        }],
+    };
+    PluginConfigView {
+        generation: 7,
+        unified_resource_name: "kudos.dev/gpu".into(),
+        nodes: BTreeMap::from([(
+            "n1".to_string(),
+            NodeEntry {
+                vendors: BTreeMap::from([("nvidia".to_string(), nv)]),
+            },
+        )]),
+        images: BTreeMap::new(),
+    }
+}
+
+fn skopeo(args: &[&str]) -> Vec<u8> {
+    let out = Command::new("skopeo").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "skopeo {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn derived_image_reads_back_by_digest_and_is_reproducible() {
+    if !tools_present() {
+        return;
+    }
+    kudos_rollout::install_crypto_provider();
+    let reg = start_registry(free_port());
+    let base = push_base(&reg.addr).await;
+    let metrics = RolloutMetrics::default();
+    let deriver =
+        ImageDeriver::new(settings(&reg.addr, &base, RetryPolicy::default()), metrics).unwrap();
+    let v = view();
+    let group = &v.groups().unwrap()[0];
+    assert!(deriver.needs_derivation(&v, group).unwrap());
+    let image = deriver.derive_with_retry(&v, group, None).await.unwrap();
+    assert_eq!(image.tag, "nvidia-g7");
+    assert_eq!(
+        image.reference,
+        format!("{}/kudos/device-plugin-derived@{}", reg.addr, image.digest)
+    );
+
+    let by_tag = format!(
+        "docker://{}/kudos/device-plugin-derived:nvidia-g7",
+        reg.addr
+    );
+    let by_digest = format!("docker://{}", image.reference);
+    let inspect: Value =
+        serde_json::from_slice(&skopeo(&["inspect", "--tls-verify=false", &by_tag])).unwrap();
+    assert_eq!(inspect["Digest"], image.digest);
+    assert_eq!(inspect["Layers"].as_array().unwrap().len(), 2);
+    let env: Vec<&str> = inspect["Env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    for want in [
+        "PATH=/usr/bin:/bin",
+        "KUDOS_RESOURCE_NAME=kudos.dev/gpu",
+        "KUDOS_VENDOR=nvidia",
+        "KUDOS_PLUGIN_CONFIG_DIR=/etc/kudos/plugin",
+    ] {
+        assert!(env.contains(&want), "{want} not in {env:?}");
+    }
+
+    let raw = skopeo(&["inspect", "--tls-verify=false", "--raw", &by_digest]);
+    assert_eq!(sha256_digest(&raw), image.digest);
+    let manifest: Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(
+        manifest["mediaType"],
+        "application/vnd.oci.image.manifest.v1+json"
+    );
+    assert_eq!(
+        manifest["config"]["mediaType"],
+        "application/vnd.oci.image.config.v1+json"
+    );
+    let layers = manifest["layers"].as_array().unwrap();
+    assert_eq!(
+        layers[1]["mediaType"],
+        "application/vnd.oci.image.layer.v1.tar+gzip"
+    );
+
+    let config: Value = serde_json::from_slice(&skopeo(&[
+        "inspect",
+        "--tls-verify=false",
+        "--config",
+        &by_digest,
+    ]))
+    .unwrap();
+    let diff_ids = config["rootfs"]["diff_ids"].as_array().unwrap();
+    assert_eq!(diff_ids.len(), 2);
+    assert_eq!(diff_ids[1], image.config_layer_diff_id);
+
+    // The config layer, pulled back, decompresses to the tar whose sha256 is its diff_id and
+    // carries the vendor's plugin configuration.
+    let client = oci_client::Client::new(ClientConfig {
+        protocol: ClientProtocol::Http,
+        ..ClientConfig::default()
+    });
+    let target: oci_client::Reference = image.reference.parse().unwrap();
+    let mut blob = Vec::new();
+    client
+        .pull_blob(&target, layers[1]["digest"].as_str().unwrap(), &mut blob)
+        .await
+        .unwrap();
+    let mut tar = Vec::new();
+    flate2::read::GzDecoder::new(blob.as_slice())
+        .read_to_end(&mut tar)
+        .unwrap();
+    assert_eq!(sha256_digest(&tar), image.config_layer_diff_id);
+    let mut archive = tar::Archive::new(tar.as_slice());
+    let mut found = None;
+    for e in archive.entries().unwrap() {
+        let mut e = e.unwrap();
+        if e.path().unwrap().to_str() == Some("etc/kudos/plugin/nvidia.json") {
+            let mut s = String::new();
+            e.read_to_string(&mut s).unwrap();
+            found = Some(serde_json::from_str::<Value>(&s).unwrap());
+        }
+    }
+    let file = found.expect("plugin configuration file in the layer");
+    assert_eq!(file["unifiedResourceName"], "kudos.dev/gpu");
+    assert_eq!(file["nodes"]["n1"][0]["id"], "nv-GPU-0");
+
+    // Same input (even at a later generation) → same digest; recorded → nothing to derive.
+    let mut later = v.clone();
+    later.generation = 8;
+    let again = deriver
+        .derive_with_retry(&later, group, None)
+        .await
+        .unwrap();
+    assert_eq!(again.digest, image.digest);
+    assert_eq!(again.tag, "nvidia-g8");
+    later.images.insert("nvidia".into(), again);
+    assert!(!deriver.needs_derivation(&later, group).unwrap());
+    // A changed device list changes the image.
+    later
+        .nodes
+        .get_mut("n1")
+        .unwrap()
+        .vendors
+        .get_mut("nvidia")
+        .unwrap()
+        .devices
+        .clear();
+    assert!(deriver.needs_derivation(&later, group).unwrap());
+    let changed = deriver
+        .derive_with_retry(&later, group, None)
+        .await
+        .unwrap();
+    assert_ne!(changed.digest, image.digest);
+}
+
+#[derive(Default)]
+struct Recorder(Mutex<Vec<BTreeMap<String, DerivedImage>>>);
+
+impl ImageRecorder for Recorder {
+    fn record(
+        &self,
+        _generation: u64,
+        images: &BTreeMap<String, DerivedImage>,
+    ) -> Result<(), kudos_rollout::reconcile::RecordError> {
+        self.0
+            .lock()
+            .map_err(|e| e.to_string())?
+            .push(images.clone());
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registry_down_leaves_configuration_unchanged_and_is_retried() {
+    if !tools_present() {
+        return;
+    }
+    kudos_rollout::install_crypto_provider();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let retry = RetryPolicy {
+        initial_delay: Duration::from_millis(1),
+        max_delay: Duration::from_millis(4),
+        multiplier: 2,
+        max_attempts: 3,
+    };
+    let metrics = RolloutMetrics::default();
+    let base = format!("{addr}/kudos/device-plugin:base");
+    let deriver = ImageDeriver::new(settings(&addr, &base, retry), metrics.clone()).unwrap();
+    let v = view();
+    let group = &v.groups().unwrap()[0];
+
+    match deriver.derive_with_retry(&v, group, None).await {
+        Err(DeriveError::RetriesExhausted { attempts, last, .. }) => {
+            assert_eq!(attempts, 3);
+            assert!(last.is_transient());
+        }
+        other => panic!("expected exhausted retries, got {other:?}"),
+    }
+    assert_eq!(metrics.image_push_retries.get(), 2);
+
+    // Through the reconciler: nothing recorded, error surfaces for backoff. The Kubernetes
+    // client points at a closed port, so the pass fails either way; what matters is that
+    // the configuration was not touched.
+    let recorder = Arc::new(Recorder::default());
+    let kube_config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+    let kube = kube::Client::try_from(kube_config).unwrap();
+    let ctx = Arc::new(
+        kudos_rollout::Ctx::new(
+            RolloutSettings::default(),
+            recorder.clone(),
+            metrics.clone(),
+        )
+        .with_kube(kube)
+        .with_deriver(deriver.clone()),
+    );
+    assert!(
+        kudos_rollout::reconcile(Arc::new(v.clone()), ctx)
+            .await
+            .is_err()
+    );
+    assert!(recorder.0.lock().unwrap().is_empty());
+
+    // The registry comes up; the next attempt succeeds.
+    let reg = start_registry(port);
+    push_base(&reg.addr).await;
+    let image = deriver.derive_with_retry(&v, group, None).await.unwrap();
+    assert!(
+        image
+            .reference
+            .starts_with(&format!("{addr}/kudos/device-plugin-derived@sha256:"))
+    );
+}
