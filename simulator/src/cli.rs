@@ -1,0 +1,405 @@
+//! Command-line flags (raw) and the validated settings built from them.
+//!
+//! Flags are kept apart from [`Settings`] so every input file is loaded and every name
+//! resolved before the first job is simulated: a typo fails in milliseconds, not after a sweep.
+
+use crate::cluster::{self, Cluster, ClusterShape};
+use crate::data::{self, paths};
+use crate::policy::POLICY_NAMES;
+use crate::throughput::ThroughputTable;
+use crate::workload::{WorkloadConfig, WorkloadKind};
+use anyhow::{Context, bail};
+use clap::{Parser, ValueEnum};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+/// Workload generators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum WorkloadName {
+    /// Gavel's generator: job type uniform, duration 60*10^U(1.5,3) s (80%) or 60*10^U(3,4) s (20%), Poisson arrivals.
+    B0,
+    /// As B0 with (duration, GPUs) drawn from the Philly job distribution and lognormal run-time noise (sigma = median PAI CoV).
+    B1,
+    /// A Philly virtual-cluster trace replayed (needs --vc and the full data).
+    B2,
+}
+
+/// Command-line arguments.
+#[derive(Debug, Parser)]
+#[command(
+    name = "kudos-sim",
+    version,
+    about = "Trace-driven simulator of a heterogeneous GPU cluster: compares Kudos with kube-scheduler's default, random, a static fastest-type preference and an oracle on measured throughputs.",
+    after_help = "With no arguments: a B1 comparison of all policies on 108 GPUs (9 nodes x 4 GPUs per type) from data compiled into the binary. Data: Gavel (Narayanan et al., OSDI 2020, MIT), Philly (CC-BY-4.0), Alibaba PAI (CC-BY-4.0); see simulator/data/README.md."
+)]
+pub struct Args {
+    /// Workload generator.
+    #[arg(long, value_enum, default_value_t = WorkloadName::B1)]
+    pub workload: WorkloadName,
+    /// Directory holding the full data sets (layout of shared/data: gavel/, alibaba_*/). Without it the embedded extracts are used.
+    #[arg(long, env = "KUDOS_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Throughput table in the layout of Gavel's isolated_throughputs.csv (GPU type names are taken from its `<gpu>_steps_per_s` headers). Default: from --data-dir, else embedded.
+    #[arg(long, value_name = "FILE")]
+    pub throughputs: Option<PathBuf>,
+    /// Cluster shape: `per-type:NxG` (N nodes of G GPUs for every GPU type of the table; per-type:36x1 is Gavel's 108 one-GPU nodes), `TYPE=NxG,...`, or `alibaba[:FILE]` (Alibaba 2023 node list).
+    #[arg(long, default_value = "per-type:9x4")]
+    pub cluster: String,
+    /// Alibaba GPU model -> table GPU type mapping for `--cluster alibaba`; unmapped models (G1/G2/G3 by default) are left out and counted.
+    #[arg(long, value_name = "MODEL=TYPE,...", default_value = cluster::DEFAULT_GPU_MAP)]
+    pub gpu_map: String,
+    /// Jobs to generate (B2: at most this many trace jobs). Default: 6000 for B0, 2000 for B1 and B2.
+    #[arg(long)]
+    pub jobs: Option<usize>,
+    /// Poisson arrival rate, jobs per hour (B0, B1). Default: 4 for B0, 0.6 for B1.
+    #[arg(long, conflicts_with = "sweep")]
+    pub rate: Option<f64>,
+    /// Sweep these arrival rates (comma-separated jobs/hour) and write an SVG plot of average JCT per policy.
+    #[arg(long, value_delimiter = ',', value_name = "RATES")]
+    pub sweep: Option<Vec<f64>>,
+    /// Seeds; each (rate, policy) is run once per seed and averaged.
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    pub seeds: Vec<u64>,
+    /// Policies to compare: kube-default, random, fastest-type, kudos, oracle.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "kube-default,random,fastest-type,kudos,oracle"
+    )]
+    pub policies: Vec<String>,
+    /// B0: draw GPU counts 1/2/4/8 with probability 0.70/0.10/0.15/0.05 (default: single-GPU jobs).
+    #[arg(long)]
+    pub multi_gpu: bool,
+    /// B2: the Philly VC trace, as an id under <data-dir>/gavel/philly_vc_traces/ (e.g. b436b2) or a path to a .tsv.
+    #[arg(long)]
+    pub vc: Option<String>,
+    /// GPU type whose throughput turns durations into steps (Gavel: v100). Default: `v100` if the table has it, else its first GPU type.
+    #[arg(long, value_name = "TYPE")]
+    pub reference_gpu: Option<String>,
+    /// Sigma of the lognormal run-time noise. Default: the median per-job mini-batch CoV of Alibaba PAI for B1/B2, 0 for B0.
+    #[arg(long, value_name = "SIGMA")]
+    pub noise_sigma: Option<f64>,
+    /// Jobs (by arrival index) whose JCT is measured, `START:END`. Default: 4000:5000 (Gavel's steady state) when there are at least 5000 jobs, else the middle half.
+    #[arg(long, value_name = "START:END")]
+    pub window: Option<String>,
+    /// fastest-type's static preference, most preferred first. Default: GPU types by geometric-mean throughput over the table.
+    #[arg(long, value_delimiter = ',', value_name = "TYPES")]
+    pub prefer: Option<Vec<String>>,
+    /// Do not declare each job's step count to Kudos as its work (kudos.dev/work); Kudos then predicts from the class alone.
+    #[arg(long)]
+    pub no_work: bool,
+    /// Print the results as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Where a sweep writes its SVG plot.
+    #[arg(long, default_value = "kudos-sim-sweep.svg", value_name = "FILE")]
+    pub plot: PathBuf,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub log: kudos_common::LogArgs,
+}
+
+/// Validated settings: every file loaded, every name resolved.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The ground truth.
+    pub table: ThroughputTable,
+    /// The cluster, all GPUs free.
+    pub cluster: Cluster,
+    /// The workload (its rate is replaced per sweep point).
+    pub workload: WorkloadConfig,
+    /// Arrival rates to run.
+    pub rates: Vec<f64>,
+    /// Seeds.
+    pub seeds: Vec<u64>,
+    /// Policy names.
+    pub policies: Vec<String>,
+    /// fastest-type's preference (GPU type indices).
+    pub preference: Vec<usize>,
+    /// Declare work units to Kudos.
+    pub declare_work: bool,
+    /// JSON output.
+    pub json: bool,
+    /// Plot path.
+    pub plot: PathBuf,
+    /// Explicit measurement window.
+    pub window: Option<Range<usize>>,
+    /// A trace is replayed: the rate does not apply.
+    pub trace_replay: bool,
+    /// Where the data came from, for the header.
+    pub sources: String,
+    /// Cluster notes (left-out nodes), for the header.
+    pub cluster_note: String,
+}
+
+fn load(dir: Option<&Path>, rel: &str, embedded: &'static str) -> anyhow::Result<(String, String)> {
+    match dir {
+        Some(d) => {
+            let p = d.join(rel);
+            Ok((data::read(&p)?, p.display().to_string()))
+        }
+        None => Ok((
+            embedded.to_owned(),
+            format!(
+                "embedded {}",
+                Path::new(rel)
+                    .file_name()
+                    .and_then(|f| f.to_str())
+                    .unwrap_or(rel)
+            ),
+        )),
+    }
+}
+
+impl Settings {
+    /// Loads and checks everything the flags name.
+    pub fn from_args(a: &Args) -> anyhow::Result<Self> {
+        let dir = a.data_dir.as_deref();
+        if let Some(d) = dir
+            && !d.is_dir()
+        {
+            bail!("--data-dir {} is not a directory", d.display());
+        }
+        let (text, tfile) = match &a.throughputs {
+            Some(p) => (data::read(p)?, p.display().to_string()),
+            None => load(dir, paths::THROUGHPUTS, data::EMBEDDED_THROUGHPUTS)?,
+        };
+        let table = ThroughputTable::parse(&text, &tfile)?;
+        let mut sources = format!("throughputs: {tfile}");
+
+        let shape: ClusterShape = a
+            .cluster
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("--cluster: {e}"))?;
+        let mut cluster_note = String::new();
+        let cluster = match &shape {
+            ClusterShape::Alibaba(path) => {
+                let path = match (path, dir) {
+                    (Some(p), _) => p.clone(),
+                    (None, Some(d)) => d.join(paths::ALIBABA_NODES),
+                    (None, None) => bail!("--cluster alibaba needs --data-dir (or alibaba:FILE)"),
+                };
+                let list =
+                    data::parse_alibaba_nodes(&data::read(&path)?, &path.display().to_string())?;
+                let map = cluster::parse_gpu_map(&a.gpu_map)
+                    .map_err(|e| anyhow::anyhow!("--gpu-map: {e}"))?;
+                let (c, skipped) =
+                    Cluster::from_alibaba(&list, &map, &table).map_err(|e| anyhow::anyhow!(e))?;
+                if !skipped.is_empty() {
+                    let s: Vec<String> = skipped.iter().map(|(m, n)| format!("{n} {m}")).collect();
+                    cluster_note = format!(" (left out, unmapped models: {} nodes)", s.join(", "));
+                }
+                c
+            }
+            other => {
+                Cluster::from_shape(other, &table).map_err(|e| anyhow::anyhow!("--cluster: {e}"))?
+            }
+        };
+
+        let reference_gpu = match &a.reference_gpu {
+            Some(n) => table.gpu_index(n).with_context(|| {
+                format!(
+                    "--reference-gpu {n:?} is not in the table ({:?})",
+                    table.gpu_types
+                )
+            })?,
+            None => table.gpu_index("v100").unwrap_or(0),
+        };
+        let cov_sigma = |sources: &mut String| -> anyhow::Result<f64> {
+            let (text, file) = load(dir, paths::COV, data::EMBEDDED_COV)?;
+            sources.push_str(&format!(", noise: {file}"));
+            Ok(data::parse_cov_sigma(&text, &file)?)
+        };
+        let (kind, default_jobs, default_rate, default_sigma) = match a.workload {
+            WorkloadName::B0 => (
+                WorkloadKind::B0 {
+                    multi_gpu: a.multi_gpu,
+                },
+                6000,
+                4.0,
+                0.0,
+            ),
+            WorkloadName::B1 => {
+                let (text, file) = load(dir, paths::PHILLY, data::EMBEDDED_PHILLY)?;
+                sources.push_str(&format!(", jobs: {file}"));
+                let philly = data::parse_philly_distribution(&text, &file)?;
+                let sigma = match a.noise_sigma {
+                    Some(s) => s,
+                    None => cov_sigma(&mut sources)?,
+                };
+                (WorkloadKind::B1 { philly }, 2000, 0.6, sigma)
+            }
+            WorkloadName::B2 => {
+                let vc =
+                    a.vc.as_deref()
+                        .context("--workload b2 needs --vc ID or --vc FILE.tsv")?;
+                let path = if vc.ends_with(".tsv") {
+                    PathBuf::from(vc)
+                } else {
+                    dir.context("--vc ID needs --data-dir (or give a .tsv path)")?
+                        .join(paths::VC_TRACES)
+                        .join(format!("{vc}.tsv"))
+                };
+                let trace =
+                    data::parse_vc_trace(&data::read(&path)?, &path.display().to_string(), &table)?;
+                sources.push_str(&format!(", trace: {}", path.display()));
+                let sigma = match a.noise_sigma {
+                    Some(s) => s,
+                    None => cov_sigma(&mut sources)?,
+                };
+                (WorkloadKind::B2 { trace }, 2000, 0.0, sigma)
+            }
+        };
+        let noise_sigma = a.noise_sigma.unwrap_or(default_sigma);
+        if !(noise_sigma.is_finite() && noise_sigma >= 0.0) {
+            bail!("--noise-sigma must be a finite number >= 0");
+        }
+        let rates = match (&a.sweep, a.rate) {
+            (Some(r), _) => r.clone(),
+            (None, Some(r)) => vec![r],
+            (None, None) => vec![default_rate],
+        };
+        if a.workload != WorkloadName::B2 && rates.iter().any(|r| !(r.is_finite() && *r > 0.0)) {
+            bail!("arrival rates must be positive");
+        }
+        for p in &a.policies {
+            if !POLICY_NAMES.contains(&p.as_str()) {
+                bail!("unknown policy {p:?} (known: {})", POLICY_NAMES.join(", "));
+            }
+        }
+        if a.seeds.is_empty() || a.policies.is_empty() {
+            bail!("need at least one seed and one policy");
+        }
+        let preference = match &a.prefer {
+            Some(names) => names
+                .iter()
+                .map(|n| {
+                    table.gpu_index(n).with_context(|| {
+                        format!(
+                            "--prefer: {n:?} is not in the table ({:?})",
+                            table.gpu_types
+                        )
+                    })
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?,
+            None => table.types_by_mean_speed(),
+        };
+        let window = a.window.as_deref().map(parse_window).transpose()?;
+        let jobs = a.jobs.unwrap_or(default_jobs);
+        if jobs == 0 {
+            bail!("--jobs must be at least 1");
+        }
+        Ok(Settings {
+            workload: WorkloadConfig {
+                kind,
+                jobs,
+                rate_per_hour: rates[0],
+                reference_gpu,
+                noise_sigma,
+            },
+            trace_replay: a.workload == WorkloadName::B2,
+            rates: if a.workload == WorkloadName::B2 {
+                vec![0.0]
+            } else {
+                rates
+            },
+            seeds: a.seeds.clone(),
+            policies: a.policies.clone(),
+            preference,
+            declare_work: !a.no_work,
+            json: a.json,
+            plot: a.plot.clone(),
+            window,
+            sources,
+            cluster_note,
+            table,
+            cluster,
+        })
+    }
+
+    /// The measurement window for a run of `n` jobs.
+    pub fn window_for(&self, n: usize) -> Range<usize> {
+        match &self.window {
+            Some(w) => w.clone(),
+            None if n >= 5000 => 4000..5000,
+            None => n / 4..(3 * n).div_ceil(4),
+        }
+    }
+
+    /// Short workload name.
+    pub fn workload_name(&self) -> &'static str {
+        match self.workload.kind {
+            WorkloadKind::B0 { .. } => "B0",
+            WorkloadKind::B1 { .. } => "B1",
+            WorkloadKind::B2 { .. } => "B2",
+        }
+    }
+
+    fn cluster_text(&self) -> String {
+        let types: Vec<String> = (0..self.table.gpu_types.len())
+            .filter(|g| self.cluster.total_of_type(*g) > 0)
+            .map(|g| {
+                format!(
+                    "{} {}",
+                    self.cluster.total_of_type(g),
+                    self.table.gpu_types[g]
+                )
+            })
+            .collect();
+        format!(
+            "{} nodes, {} GPUs ({}), largest node {} GPUs{}",
+            self.cluster.nodes.len(),
+            self.cluster.total_gpus(),
+            types.join(" + "),
+            self.cluster.max_node_gpus,
+            self.cluster_note
+        )
+    }
+
+    /// A one-paragraph header for the table.
+    pub fn describe_text(&self) -> String {
+        let w = self.window_for(self.workload.jobs);
+        format!(
+            "kudos-sim: workload {}, {} jobs (JCT over jobs {}..{}), noise sigma {:.4}, work declared to Kudos: {}\n\
+             cluster: {}\n{}\n",
+            self.workload_name(),
+            self.workload.jobs,
+            w.start,
+            w.end,
+            self.workload.noise_sigma,
+            if self.declare_work { "yes" } else { "no" },
+            self.cluster_text(),
+            self.sources
+        )
+    }
+
+    /// The settings as JSON.
+    pub fn describe(&self) -> serde_json::Value {
+        let w = self.window_for(self.workload.jobs);
+        serde_json::json!({
+            "workload": self.workload_name(),
+            "jobs": self.workload.jobs,
+            "window": [w.start, w.end],
+            "noise_sigma": self.workload.noise_sigma,
+            "reference_gpu": self.table.gpu_types[self.workload.reference_gpu],
+            "declare_work": self.declare_work,
+            "cluster": self.cluster_text(),
+            "sources": self.sources,
+            "rates": self.rates,
+            "seeds": self.seeds,
+            "policies": self.policies,
+        })
+    }
+}
+
+fn parse_window(s: &str) -> anyhow::Result<Range<usize>> {
+    let (a, b) = s.split_once(':').context("--window: expected START:END")?;
+    let (a, b): (usize, usize) = (
+        a.trim().parse().context("--window START")?,
+        b.trim().parse().context("--window END")?,
+    );
+    if a >= b {
+        bail!("--window: START must be below END");
+    }
+    Ok(a..b)
+}

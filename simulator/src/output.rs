@@ -1,0 +1,196 @@
+//! Presenting results: a plain-text table, JSON, and an SVG plot of a sweep.
+
+use crate::metrics::Metrics;
+use plotters::prelude::*;
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// One (arrival rate, policy) cell: the mean over seeds and each seed's metrics.
+#[derive(Clone, Debug, Serialize)]
+pub struct Cell {
+    /// Arrival rate, jobs/hour (`None` for a replayed trace).
+    pub rate_per_hour: Option<f64>,
+    /// Policy name.
+    pub policy: String,
+    /// Seeds run.
+    pub seeds: Vec<u64>,
+    /// Mean over seeds.
+    pub mean: Metrics,
+    /// Per seed, in `seeds` order.
+    pub per_seed: Vec<Metrics>,
+}
+
+fn opt_pct(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |x| format!("{:.1}%", 100.0 * x))
+}
+
+/// Renders the comparison table: one block per rate, one row per policy, with JCT ratios to
+/// kube-default and to the oracle when those policies ran.
+pub fn table(cells: &[Cell]) -> String {
+    let mut out = String::new();
+    let mut rates: Vec<Option<f64>> = Vec::new();
+    for c in cells {
+        if !rates.contains(&c.rate_per_hour) {
+            rates.push(c.rate_per_hour);
+        }
+    }
+    for rate in rates {
+        let block: Vec<&Cell> = cells.iter().filter(|c| c.rate_per_hour == rate).collect();
+        let avg_of = |name: &str| {
+            block
+                .iter()
+                .find(|c| c.policy == name)
+                .map(|c| c.mean.avg_jct_h)
+        };
+        let (kube, oracle) = (avg_of("kube-default"), avg_of("oracle"));
+        let jobs = block.first().map_or(0, |c| c.mean.jobs);
+        let seeds = block.first().map_or(0, |c| c.seeds.len());
+        match rate {
+            Some(r) => {
+                let _ = writeln!(
+                    out,
+                    "arrival rate {r} jobs/h ({jobs} measured jobs, {seeds} seed(s); times in hours)"
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "trace replay ({jobs} measured jobs, {seeds} seed(s); times in hours)"
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "{:<13} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>6} {:>8} {:>8} {:>8} {:>7} {:>7}",
+            "policy",
+            "avg JCT",
+            "p50",
+            "p95",
+            "p99",
+            "queue",
+            "makespan",
+            "util",
+            "fastest",
+            "MAPE",
+            "MAPE@5",
+            "/kube",
+            "/oracle"
+        );
+        for c in block {
+            let m = &c.mean;
+            let ratio = |base: Option<f64>| {
+                base.filter(|b| *b > 0.0)
+                    .map_or_else(|| "-".into(), |b| format!("{:.2}x", m.avg_jct_h / b))
+            };
+            let _ = writeln!(
+                out,
+                "{:<13} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9.1} {:>5.0}% {:>7.0}% {:>8} {:>8} {:>7} {:>7}",
+                c.policy,
+                m.avg_jct_h,
+                m.p50_jct_h,
+                m.p95_jct_h,
+                m.p99_jct_h,
+                m.avg_queue_h,
+                m.makespan_h,
+                100.0 * m.utilization,
+                100.0 * m.fastest_share,
+                opt_pct(m.mape),
+                opt_pct(m.mape_after5),
+                ratio(kube),
+                ratio(oracle),
+            );
+        }
+        for c in cells.iter().filter(|c| {
+            c.rate_per_hour == rate && !c.mean.mape_over_time.is_empty() && c.policy == "kudos"
+        }) {
+            let series: Vec<String> = c
+                .mean
+                .mape_over_time
+                .iter()
+                .map(|x| format!("{:.0}%", 100.0 * x))
+                .collect();
+            let _ = writeln!(
+                out,
+                "  {} MAPE by tenth of the run: {}",
+                c.policy,
+                series.join(" ")
+            );
+        }
+        if let Some(u) = cells
+            .iter()
+            .find(|c| c.rate_per_hour == rate)
+            .map(|c| c.mean.unplaceable)
+            .filter(|u| *u > 0)
+        {
+            let _ = writeln!(
+                out,
+                "  note: {u} job(s) need more GPUs of a usable type than the cluster has and never ran"
+            );
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Writes an SVG of average JCT against arrival rate, one line per policy.
+pub fn plot(cells: &[Cell], path: &Path, title: &str) -> anyhow::Result<()> {
+    let mut policies: Vec<&str> = Vec::new();
+    for c in cells {
+        if !policies.contains(&c.policy.as_str()) {
+            policies.push(&c.policy);
+        }
+    }
+    let points = |p: &str| -> Vec<(f64, f64)> {
+        let mut v: Vec<(f64, f64)> = cells
+            .iter()
+            .filter(|c| c.policy == p)
+            .filter_map(|c| c.rate_per_hour.map(|r| (r, c.mean.avg_jct_h)))
+            .collect();
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        v
+    };
+    let xs: Vec<f64> = cells.iter().filter_map(|c| c.rate_per_hour).collect();
+    let (x0, x1) = (
+        xs.iter().copied().fold(f64::INFINITY, f64::min),
+        xs.iter().copied().fold(0.0, f64::max),
+    );
+    let y1 = cells.iter().map(|c| c.mean.avg_jct_h).fold(0.0, f64::max) * 1.05;
+    anyhow::ensure!(x0.is_finite() && y1 > 0.0, "nothing to plot");
+    let pad = ((x1 - x0) * 0.03).max(1e-3);
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d((x0 - pad)..(x1 + pad), 0.0..y1)?;
+    chart
+        .configure_mesh()
+        .x_desc("arrival rate (jobs/hour)")
+        .y_desc("average JCT (hours)")
+        .draw()?;
+    for (k, p) in policies.iter().enumerate() {
+        let color = Palette99::pick(k).to_rgba();
+        let pts = points(p);
+        chart
+            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
+            .label(*p)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        chart.draw_series(
+            pts.into_iter()
+                .map(|(x, y)| Circle::new((x, y), 3, color.filled())),
+        )?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
