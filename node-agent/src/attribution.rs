@@ -1,0 +1,158 @@
+//! Which pod and container holds which device, from the kubelet's PodResources API.
+//!
+//! The kubelet is the only authority on device assignment: it asked the device plugin to
+//! allocate them. Its PodResources `List` reports, per container, the device IDs of each
+//! extended resource. We keep the unified name (`kudos.dev/gpu`) and the vendor names
+//! (`nvidia.com/gpu`, `amd.com/gpu`), and translate the IDs to the UUIDs the sampler knows:
+//! the Kudos plugin serves vendor-prefixed IDs (`nv-GPU-<uuid>`), vendor plugins bare UUIDs.
+//!
+//! PodResources carries no labels or UIDs; those come from [`crate::podmeta`].
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use kudos_proto::podresources::v1::{
+    ListPodResourcesRequest, pod_resources_lister_client::PodResourcesListerClient,
+};
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint};
+
+/// Devices held by one container.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Assignment {
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Container name.
+    pub container: String,
+    /// Device IDs exactly as the kubelet reports them, sorted.
+    pub device_ids: Vec<String>,
+}
+
+/// Errors reading assignments.
+#[derive(Debug, thiserror::Error)]
+pub enum AttributionError {
+    /// The socket path cannot be used as an endpoint.
+    #[error("invalid PodResources endpoint: {0}")]
+    Endpoint(#[source] tonic::transport::Error),
+    /// The kubelet answered with an error or was unreachable.
+    #[error("PodResources List failed: {0}")]
+    List(#[source] Box<tonic::Status>),
+    /// The kubelet did not answer in time.
+    #[error("PodResources List timed out")]
+    Timeout,
+}
+
+/// A source of device assignments; the kubelet in production, a vector in tests.
+pub trait AssignmentSource: Send + Sync + 'static {
+    /// The current assignments for the resource names this source watches.
+    fn list(&self) -> impl Future<Output = Result<Vec<Assignment>, AttributionError>> + Send;
+}
+
+/// Maps a device ID as served to the kubelet to the vendor UUID the sampler knows.
+///
+/// `nv-GPU-<uuid>` (Kudos plugin) and `GPU-<uuid>` (NVIDIA plugin) both give `GPU-<uuid>`;
+/// `amd-<bdf>` gives `<bdf>`. Anything else is returned unchanged.
+pub fn device_id_to_uuid(id: &str) -> &str {
+    for prefix in ["nv-", "amd-"] {
+        if let Some(rest) = id.strip_prefix(prefix) {
+            return rest;
+        }
+    }
+    id
+}
+
+// === impl PodResources ===
+
+/// The kubelet PodResources `v1` API on a Unix socket.
+pub struct PodResources {
+    client: PodResourcesListerClient<Channel>,
+    resources: Vec<String>,
+    timeout: Duration,
+}
+
+impl PodResources {
+    /// Prepares a client; the connection is made lazily and re-made after kubelet restarts.
+    pub fn new(
+        socket: &Path,
+        resources: Vec<String>,
+        timeout: Duration,
+    ) -> Result<Self, AttributionError> {
+        let path: PathBuf = socket.to_owned();
+        // The URI is required by the API but unused: the connector dials the socket.
+        let channel =
+            Endpoint::try_from("http://[::]:50051")
+                .map_err(AttributionError::Endpoint)?
+                .connect_timeout(timeout)
+                .connect_with_connector_lazy(tower::service_fn(move |_| {
+                    let path = path.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?))
+                    }
+                }));
+        Ok(Self {
+            client: PodResourcesListerClient::new(channel),
+            resources,
+            timeout,
+        })
+    }
+}
+
+impl AssignmentSource for PodResources {
+    async fn list(&self) -> Result<Vec<Assignment>, AttributionError> {
+        let mut client = self.client.clone();
+        let resp = tokio::time::timeout(self.timeout, client.list(ListPodResourcesRequest {}))
+            .await
+            .map_err(|_| AttributionError::Timeout)?
+            .map_err(|s| AttributionError::List(Box::new(s)))?
+            .into_inner();
+        let mut out = Vec::new();
+        for pod in resp.pod_resources {
+            for c in pod.containers {
+                let mut ids: Vec<String> = c
+                    .devices
+                    .into_iter()
+                    .filter(|d| self.resources.iter().any(|r| r == &d.resource_name))
+                    .flat_map(|d| d.device_ids)
+                    .collect();
+                if ids.is_empty() {
+                    continue;
+                }
+                ids.sort();
+                ids.dedup();
+                out.push(Assignment {
+                    namespace: pod.namespace.clone(),
+                    pod: pod.name.clone(),
+                    container: c.name,
+                    device_ids: ids,
+                });
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+}
+
+// === impl StaticAssignments ===
+
+/// Assignments set by hand: tests, and nodes without a kubelet socket (always empty).
+#[derive(Default)]
+pub struct StaticAssignments(pub std::sync::Mutex<Vec<Assignment>>);
+
+impl StaticAssignments {
+    /// Replaces the assignments.
+    pub fn set(&self, a: Vec<Assignment>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = a;
+    }
+}
+
+impl AssignmentSource for StaticAssignments {
+    async fn list(&self) -> Result<Vec<Assignment>, AttributionError> {
+        Ok(self.0.lock().unwrap_or_else(|p| p.into_inner()).clone())
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

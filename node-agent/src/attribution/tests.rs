@@ -1,0 +1,131 @@
+use super::*;
+use kudos_proto::podresources::v1::{
+    AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
+    ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesResponse,
+    PodResources as PodRes,
+    pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer},
+};
+use std::sync::{Arc, Mutex};
+use tonic::{Request, Response, Status};
+
+/// A kubelet stand-in serving whatever the test puts in `pods`.
+#[derive(Clone, Default)]
+pub(crate) struct FakeKubelet {
+    pub pods: Arc<Mutex<Vec<PodRes>>>,
+}
+
+#[tonic::async_trait]
+impl PodResourcesLister for FakeKubelet {
+    async fn list(
+        &self,
+        _: Request<ListPodResourcesRequest>,
+    ) -> Result<Response<ListPodResourcesResponse>, Status> {
+        let pods = self
+            .pods
+            .lock()
+            .map_err(|_| Status::internal("poisoned"))?
+            .clone();
+        Ok(Response::new(ListPodResourcesResponse {
+            pod_resources: pods,
+        }))
+    }
+    async fn get_allocatable_resources(
+        &self,
+        _: Request<AllocatableResourcesRequest>,
+    ) -> Result<Response<AllocatableResourcesResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+    async fn get(
+        &self,
+        _: Request<GetPodResourcesRequest>,
+    ) -> Result<Response<GetPodResourcesResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+}
+
+/// Serves `kubelet` on `socket` until the test ends.
+pub(crate) fn serve(kubelet: FakeKubelet, socket: &Path) {
+    let listener = tokio::net::UnixListener::bind(socket).expect("bind");
+    tokio::spawn(async move {
+        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+        let _ = tonic::transport::Server::builder()
+            .add_service(PodResourcesListerServer::new(kubelet))
+            .serve_with_incoming(incoming)
+            .await;
+    });
+}
+
+pub(crate) fn pod(ns: &str, name: &str, containers: &[(&str, &str, &[&str])]) -> PodRes {
+    PodRes {
+        name: name.into(),
+        namespace: ns.into(),
+        containers: containers
+            .iter()
+            .map(|(c, res, ids)| ContainerResources {
+                name: (*c).into(),
+                devices: vec![ContainerDevices {
+                    resource_name: (*res).into(),
+                    device_ids: ids.iter().map(|s| (*s).into()).collect(),
+                    topology: None,
+                }],
+                ..Default::default()
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn vendor_prefixes_map_to_uuids() {
+    assert_eq!(device_id_to_uuid("nv-GPU-1234"), "GPU-1234");
+    assert_eq!(device_id_to_uuid("GPU-1234"), "GPU-1234");
+    assert_eq!(device_id_to_uuid("amd-0000:c1:00.0"), "0000:c1:00.0");
+    assert_eq!(device_id_to_uuid("other"), "other");
+}
+
+#[tokio::test]
+async fn lists_gpu_containers_over_a_unix_socket() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("kubelet.sock");
+    let kubelet = FakeKubelet::default();
+    *kubelet.pods.lock().expect("lock") = vec![
+        pod(
+            "ml",
+            "train",
+            &[
+                ("main", "kudos.dev/gpu", &["nv-GPU-b", "nv-GPU-a"]),
+                ("sidecar", "cpu", &["x"]),
+            ],
+        ),
+        pod("ml", "legacy", &[("main", "nvidia.com/gpu", &["GPU-c"])]),
+        pod("other", "fpga", &[("main", "xilinx.com/fpga", &["f0"])]),
+    ];
+    serve(kubelet.clone(), &sock);
+    let names = vec![
+        "kudos.dev/gpu".to_string(),
+        "nvidia.com/gpu".into(),
+        "amd.com/gpu".into(),
+    ];
+    let pr = PodResources::new(&sock, names, Duration::from_secs(2)).expect("client");
+    let got = pr.list().await.expect("list");
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(got[0].pod, "legacy");
+    assert_eq!(got[0].device_ids, vec!["GPU-c"]);
+    assert_eq!(got[1].pod, "train");
+    assert_eq!(got[1].container, "main");
+    assert_eq!(got[1].device_ids, vec!["nv-GPU-a", "nv-GPU-b"]);
+    // Released devices disappear from the next list.
+    kubelet.pods.lock().expect("lock").clear();
+    assert!(pr.list().await.expect("list").is_empty());
+}
+
+#[tokio::test]
+async fn missing_kubelet_is_an_error_not_a_hang() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pr = PodResources::new(
+        &dir.path().join("nope.sock"),
+        vec!["kudos.dev/gpu".into()],
+        Duration::from_millis(500),
+    )
+    .expect("client");
+    assert!(pr.list().await.is_err());
+}

@@ -1,0 +1,214 @@
+//! Pod metadata the kubelet does not give us: UID, class, declared work, phase.
+//!
+//! Trust boundary: the class comes from the pod's `kudos.dev/class` label and the work from its
+//! `kudos.dev/work` annotation, as stored by the API server — both written by whoever created
+//! the pod, and the orchestrator decides how far to trust them. Nothing here is read from inside
+//! a container. Without an API server (`--pod-metadata none`) every field is empty and runs are
+//! still reported, unclassified.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use tracing::Instrument;
+
+/// Label naming the pod's algorithm class.
+pub const CLASS_LABEL: &str = "kudos.dev/class";
+/// Annotation with the work the pod declares, in units of its class.
+pub const WORK_ANNOTATION: &str = "kudos.dev/work";
+/// Annotation a workload may keep updated with its progress, 0..=1 (optional).
+pub const PROGRESS_ANNOTATION: &str = "kudos.dev/progress";
+
+/// What we know about one pod besides its devices.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodMeta {
+    /// `metadata.uid`.
+    pub uid: String,
+    /// `kudos.dev/class` label; empty when absent.
+    pub class: String,
+    /// `kudos.dev/work`, when present and a finite non-negative number.
+    pub work: Option<f64>,
+    /// `kudos.dev/progress`, when present and within 0..=1.
+    pub progress: Option<f64>,
+    /// The pod ended in failure (`status.phase == Failed`).
+    pub failed: bool,
+    /// The pod has ended (`Succeeded` or `Failed`).
+    pub ended: bool,
+}
+
+/// A source of pod metadata keyed by namespace and name.
+pub trait PodMetaSource: Send + Sync + 'static {
+    /// Metadata of `namespace/name`, or `None` when unknown.
+    fn get(&self, namespace: &str, name: &str) -> Option<PodMeta>;
+}
+
+/// No API server: nothing is known.
+pub struct NoPodMeta;
+
+impl PodMetaSource for NoPodMeta {
+    fn get(&self, _: &str, _: &str) -> Option<PodMeta> {
+        None
+    }
+}
+
+/// An in-memory map, written by the watcher (or by tests), read by the sampling loop.
+#[derive(Clone, Default)]
+pub struct PodMetaStore(Arc<RwLock<HashMap<(String, String), PodMeta>>>);
+
+impl PodMetaStore {
+    /// Inserts or replaces one pod.
+    pub fn apply(&self, namespace: &str, name: &str, meta: PodMeta) {
+        self.0
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((namespace.to_owned(), name.to_owned()), meta);
+    }
+    /// Forgets one pod.
+    pub fn delete(&self, namespace: &str, name: &str) {
+        self.0
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(namespace.to_owned(), name.to_owned()));
+    }
+    fn replace(&self, all: HashMap<(String, String), PodMeta>) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = all;
+    }
+}
+
+impl PodMetaSource for PodMetaStore {
+    fn get(&self, namespace: &str, name: &str) -> Option<PodMeta> {
+        self.0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()
+    }
+}
+
+fn parse_fraction(s: Option<&String>, max: f64) -> Option<f64> {
+    s.and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|v| v.is_finite() && *v >= 0.0 && *v <= max)
+}
+
+/// Extracts what the agent needs from a pod object.
+pub fn meta_of(pod: &Pod) -> PodMeta {
+    let md = &pod.metadata;
+    let phase = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("");
+    PodMeta {
+        uid: md.uid.clone().unwrap_or_default(),
+        class: md
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(CLASS_LABEL))
+            .cloned()
+            .unwrap_or_default(),
+        work: parse_fraction(
+            md.annotations.as_ref().and_then(|a| a.get(WORK_ANNOTATION)),
+            f64::MAX,
+        ),
+        progress: parse_fraction(
+            md.annotations
+                .as_ref()
+                .and_then(|a| a.get(PROGRESS_ANNOTATION)),
+            1.0,
+        ),
+        failed: phase == "Failed",
+        ended: phase == "Failed" || phase == "Succeeded",
+    }
+}
+
+fn key_of(pod: &Pod) -> (String, String) {
+    (
+        pod.metadata.namespace.clone().unwrap_or_default(),
+        pod.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// Watches the pods bound to `node` (field selector `spec.nodeName=<node>`, so the agent's
+/// RBAC and memory stay per-node) and keeps `store` current. Runs until the task is dropped;
+/// watch errors are retried with the runtime's default backoff.
+pub fn spawn_pod_watcher(
+    client: kube::Client,
+    node: String,
+    store: PodMetaStore,
+) -> tokio::task::JoinHandle<()> {
+    let span = tracing::info_span!("pod_watcher", node = %node);
+    tokio::spawn(
+        async move {
+            let api: kube::Api<Pod> = kube::Api::all(client);
+            let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+            let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
+            let mut init: HashMap<(String, String), PodMeta> = HashMap::new();
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(Event::Apply(p)) => {
+                        let (ns, name) = key_of(&p);
+                        store.apply(&ns, &name, meta_of(&p));
+                    }
+                    Ok(Event::Delete(p)) => {
+                        let (ns, name) = key_of(&p);
+                        store.delete(&ns, &name);
+                    }
+                    Ok(Event::Init) => init.clear(),
+                    Ok(Event::InitApply(p)) => {
+                        init.insert(key_of(&p), meta_of(&p));
+                    }
+                    Ok(Event::InitDone) => {
+                        tracing::debug!(pods = init.len(), "pod list synced");
+                        store.replace(std::mem::take(&mut init));
+                    }
+                    Err(e) => tracing::warn!(error = %e, "pod watch failed; retrying"),
+                }
+            }
+        }
+        .instrument(span),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PodStatus;
+    use kube::api::ObjectMeta;
+
+    #[test]
+    fn reads_class_work_and_phase_from_the_pod_object_only() {
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some("p".into()),
+                namespace: Some("ns".into()),
+                uid: Some("u-1".into()),
+                labels: Some([(CLASS_LABEL.to_string(), "resnet50".to_string())].into()),
+                annotations: Some(
+                    [
+                        (WORK_ANNOTATION.to_string(), "90".to_string()),
+                        (PROGRESS_ANNOTATION.to_string(), "7".into()),
+                    ]
+                    .into(),
+                ),
+                ..Default::default()
+            },
+            status: Some(PodStatus {
+                phase: Some("Failed".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let m = meta_of(&pod);
+        assert_eq!(m.uid, "u-1");
+        assert_eq!(m.class, "resnet50");
+        assert_eq!(m.work, Some(90.0));
+        assert_eq!(m.progress, None, "progress outside 0..=1 is ignored");
+        assert!(m.failed && m.ended);
+        let bare = meta_of(&Pod::default());
+        assert_eq!(bare.class, "");
+        assert!(!bare.ended);
+    }
+}

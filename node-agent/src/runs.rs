@@ -1,0 +1,404 @@
+//! Runs: from "devices assigned to a container" to "devices released", with a sample summary.
+//!
+//! [`RunTracker`] is a pure state machine fed once per sampling period with the time, the
+//! current assignments, pod metadata and the device readings; it returns the reports to store.
+//! Keeping it free of I/O and clocks makes the accounting (busy time, energy, peaks) testable
+//! to the period.
+//!
+//! Accounting rules, each accurate to one sampling period:
+//! - a run starts at the first tick its container holds the devices and ends at the first tick
+//!   it no longer does (or its pod has ended);
+//! - every later tick covers the interval since the previous one (capped at three periods, so an
+//!   agent stall is not booked as work); the interval counts as GPU-busy when any of the run's
+//!   devices is above the busy threshold, and energy is the devices' power times the interval;
+//! - a long run emits an in-progress snapshot every progress period, so the orchestrator can
+//!   extrapolate before it ends.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use kudos_proto::kudos::v1::{RunReport, RunState};
+
+use crate::attribution::{Assignment, device_id_to_uuid};
+use crate::podmeta::{PodMeta, PodMetaSource};
+use crate::sample::{DeviceReading, DeviceSample};
+
+/// Settings of the run accounting.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// This node's name, copied into every report.
+    pub node: String,
+    /// A device counts as busy above this utilisation, percent.
+    pub busy_threshold_percent: f64,
+    /// The sampling period (used to cap intervals).
+    pub period: Duration,
+    /// How often a running run emits an in-progress snapshot; `None` disables snapshots.
+    pub progress_period: Option<Duration>,
+}
+
+type RunKey = (String, String, String);
+
+#[derive(Clone, Debug)]
+struct Run {
+    run_id: String,
+    device_ids: Vec<String>,
+    meta: PodMeta,
+    models: Vec<String>,
+    start_ms: i64,
+    /// Time of the last accounted tick; `None` right after a restore.
+    last_ms: Option<i64>,
+    busy_s: f64,
+    util_sum: f64,
+    util_n: u64,
+    peak_util: f64,
+    peak_mem: u64,
+    energy_j: f64,
+    /// Last energy counter per device UUID, where the device has one.
+    last_energy: HashMap<String, f64>,
+    samples: u32,
+    seq: u32,
+    last_snapshot_ms: i64,
+}
+
+/// What one tick produced.
+#[derive(Debug, Default)]
+pub struct TickOutput {
+    /// Reports to store, completed ones and snapshots.
+    pub reports: Vec<RunReport>,
+    /// Runs started or ended this tick (the set of active runs changed).
+    pub changed: bool,
+}
+
+/// Tracks active runs; see the module docs.
+pub struct RunTracker {
+    cfg: RunConfig,
+    runs: HashMap<RunKey, Run>,
+    /// Runs ended because their pod ended while the kubelet still listed the devices; they
+    /// must not restart until the assignment goes away.
+    ended: HashSet<(RunKey, Vec<String>)>,
+    rng_state: u64,
+}
+
+fn key_of(a: &Assignment) -> RunKey {
+    (a.namespace.clone(), a.pod.clone(), a.container.clone())
+}
+
+impl RunTracker {
+    /// A tracker with no active runs.
+    pub fn new(cfg: RunConfig) -> Self {
+        Self {
+            cfg,
+            runs: HashMap::new(),
+            ended: HashSet::new(),
+            rng_state: random_seed(),
+        }
+    }
+
+    /// Number of runs in progress.
+    pub fn active(&self) -> usize {
+        self.runs.len()
+    }
+
+    fn new_run_id(&mut self) -> String {
+        // splitmix64: IDs only need to be unique, the seed comes from the OS.
+        let mut next = || {
+            self.rng_state = self.rng_state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.rng_state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        let (a, b) = (next(), next());
+        format!("{a:016x}{b:016x}")
+    }
+
+    /// Feeds one tick; returns the reports it produced.
+    pub fn observe(
+        &mut self,
+        now_ms: i64,
+        assignments: &[Assignment],
+        meta: &dyn PodMetaSource,
+        readings: &[DeviceReading],
+    ) -> TickOutput {
+        let mut out = TickOutput::default();
+        let by_uuid: HashMap<&str, &DeviceReading> =
+            readings.iter().map(|r| (r.info.uuid.as_str(), r)).collect();
+        // Device lists are compared as sets: sort them whatever the source did.
+        let sorted: Vec<Assignment> = assignments
+            .iter()
+            .map(|a| {
+                let mut a = a.clone();
+                a.device_ids.sort();
+                a
+            })
+            .collect();
+        let current: HashMap<RunKey, &Assignment> = sorted.iter().map(|a| (key_of(a), a)).collect();
+        self.ended
+            .retain(|(k, ids)| current.get(k).is_some_and(|a| &a.device_ids == ids));
+
+        // Account the interval for every run that was already going, then end the runs whose
+        // devices were released, whose device set changed, or whose pod ended.
+        let keys: Vec<RunKey> = self.runs.keys().cloned().collect();
+        for key in keys {
+            let pod_meta = meta.get(&key.0, &key.1);
+            let Some(run) = self.runs.get_mut(&key) else {
+                continue;
+            };
+            if let Some(m) = &pod_meta {
+                merge_meta(&mut run.meta, m);
+            }
+            let unknown_end = run.last_ms.is_none();
+            account(run, now_ms, &self.cfg, &by_uuid);
+            let released = current
+                .get(&key)
+                .is_none_or(|a| a.device_ids != run.device_ids);
+            let pod_ended = pod_meta.as_ref().is_some_and(|m| m.ended);
+            if released || pod_ended {
+                let Some(run) = self.runs.remove(&key) else {
+                    continue;
+                };
+                // A run resumed after a restart whose devices were already gone ended while the
+                // agent was down, at an unknown time: not evidence of speed.
+                let state = if run.meta.failed || (released && unknown_end) {
+                    RunState::Failed
+                } else {
+                    RunState::Completed
+                };
+                tracing::info!(
+                    run_id = %run.run_id, namespace = %key.0, pod = %key.1, container = %key.2,
+                    class = %run.meta.class, busy_s = run.busy_s, "run ended"
+                );
+                out.reports.push(self.report(&key, &run, state, now_ms));
+                out.changed = true;
+                if !released {
+                    self.ended.insert((key, run.device_ids));
+                }
+            } else if let Some(p) = self.cfg.progress_period
+                && now_ms - run.last_snapshot_ms >= i64::try_from(p.as_millis()).unwrap_or(i64::MAX)
+            {
+                run.seq += 1;
+                run.last_snapshot_ms = now_ms;
+                let run = run.clone();
+                out.reports
+                    .push(self.report(&key, &run, RunState::InProgress, now_ms));
+            }
+        }
+
+        // Start runs for new assignments.
+        for (key, a) in current {
+            if self.runs.contains_key(&key)
+                || self.ended.contains(&(key.clone(), a.device_ids.clone()))
+            {
+                continue;
+            }
+            let pod_meta = meta.get(&a.namespace, &a.pod).unwrap_or_default();
+            if pod_meta.ended {
+                continue;
+            }
+            let models = a
+                .device_ids
+                .iter()
+                .map(|id| {
+                    by_uuid
+                        .get(device_id_to_uuid(id))
+                        .map(|r| r.info.model.clone())
+                        .unwrap_or_default()
+                })
+                .collect();
+            let run_id = self.new_run_id();
+            tracing::info!(
+                run_id = %run_id, namespace = %a.namespace, pod = %a.pod, container = %a.container,
+                class = %pod_meta.class, devices = ?a.device_ids, "run started"
+            );
+            self.runs.insert(
+                key,
+                Run {
+                    run_id,
+                    device_ids: a.device_ids.clone(),
+                    meta: pod_meta,
+                    models,
+                    start_ms: now_ms,
+                    last_ms: Some(now_ms),
+                    busy_s: 0.0,
+                    util_sum: 0.0,
+                    util_n: 0,
+                    peak_util: 0.0,
+                    peak_mem: 0,
+                    energy_j: 0.0,
+                    last_energy: HashMap::new(),
+                    samples: 0,
+                    seq: 0,
+                    last_snapshot_ms: now_ms,
+                },
+            );
+            out.changed = true;
+        }
+        out
+    }
+
+    fn report(&self, key: &RunKey, run: &Run, state: RunState, now_ms: i64) -> RunReport {
+        let (report_id, progress) = match state {
+            RunState::InProgress => (format!("{}-s{}", run.run_id, run.seq), run.meta.progress),
+            RunState::Completed => (format!("{}-end", run.run_id), Some(1.0)),
+            _ => (format!("{}-end", run.run_id), run.meta.progress),
+        };
+        RunReport {
+            report_id,
+            run_id: run.run_id.clone(),
+            node: self.cfg.node.clone(),
+            pod_namespace: key.0.clone(),
+            pod_name: key.1.clone(),
+            pod_uid: run.meta.uid.clone(),
+            container: key.2.clone(),
+            class: run.meta.class.clone(),
+            device_ids: run.device_ids.clone(),
+            device_models: run.models.clone(),
+            state: state as i32,
+            start_unix_ms: run.start_ms,
+            end_unix_ms: now_ms,
+            gpu_busy_seconds: run.busy_s,
+            mean_utilization_percent: if run.util_n == 0 {
+                0.0
+            } else {
+                run.util_sum / run.util_n as f64
+            },
+            peak_utilization_percent: run.peak_util,
+            peak_memory_bytes: run.peak_mem,
+            energy_joules: run.energy_j,
+            progress,
+            work_done: match (run.meta.work, progress) {
+                (Some(w), Some(p)) => Some(w * p),
+                _ => None,
+            },
+            sample_count: run.samples,
+        }
+    }
+
+    /// In-progress snapshots of every active run, for persisting across agent restarts.
+    pub fn active_snapshots(&self, now_ms: i64) -> Vec<RunReport> {
+        self.runs
+            .iter()
+            .map(|(k, r)| self.report(k, r, RunState::InProgress, now_ms))
+            .collect()
+    }
+
+    /// Resumes runs saved by [`Self::active_snapshots`] before a restart, keeping their IDs and
+    /// totals. The time the agent was down is not accounted. A resumed run whose devices are
+    /// gone at the first tick ends then, as a run whose end is unknown.
+    pub fn restore(&mut self, snapshots: Vec<RunReport>) {
+        for s in snapshots {
+            let key = (
+                s.pod_namespace.clone(),
+                s.pod_name.clone(),
+                s.container.clone(),
+            );
+            let seq = s
+                .report_id
+                .rsplit_once("-s")
+                .and_then(|(_, n)| n.parse().ok())
+                .unwrap_or(0);
+            let n = u64::from(s.sample_count);
+            self.runs.insert(
+                key,
+                Run {
+                    run_id: s.run_id,
+                    device_ids: s.device_ids,
+                    meta: PodMeta {
+                        uid: s.pod_uid,
+                        class: s.class,
+                        work: None,
+                        progress: s.progress,
+                        failed: false,
+                        ended: false,
+                    },
+                    models: s.device_models,
+                    start_ms: s.start_unix_ms,
+                    last_ms: None,
+                    busy_s: s.gpu_busy_seconds,
+                    util_sum: s.mean_utilization_percent * n as f64,
+                    util_n: n,
+                    peak_util: s.peak_utilization_percent,
+                    peak_mem: s.peak_memory_bytes,
+                    energy_j: s.energy_joules,
+                    last_energy: HashMap::new(),
+                    samples: s.sample_count,
+                    seq: seq + 1_000, // snapshot IDs after a restore never collide with earlier ones
+                    last_snapshot_ms: s.end_unix_ms,
+                },
+            );
+        }
+    }
+}
+
+fn merge_meta(into: &mut PodMeta, m: &PodMeta) {
+    if !m.uid.is_empty() {
+        into.uid.clone_from(&m.uid);
+    }
+    if !m.class.is_empty() {
+        into.class.clone_from(&m.class);
+    }
+    if m.work.is_some() {
+        into.work = m.work;
+    }
+    if m.progress.is_some() {
+        into.progress = m.progress;
+    }
+    into.failed |= m.failed;
+    into.ended |= m.ended;
+}
+
+/// Adds the interval since the run's previous tick to its totals.
+fn account(run: &mut Run, now_ms: i64, cfg: &RunConfig, by_uuid: &HashMap<&str, &DeviceReading>) {
+    let Some(last) = run.last_ms.replace(now_ms) else {
+        return;
+    };
+    let cap = cfg.period.as_secs_f64() * 3.0;
+    let dt = ((now_ms - last) as f64 / 1000.0).clamp(0.0, cap);
+    let samples: Vec<(&str, &DeviceSample)> = run
+        .device_ids
+        .iter()
+        .filter_map(|id| by_uuid.get(device_id_to_uuid(id)))
+        .filter_map(|r| r.result.as_ref().ok().map(|s| (r.info.uuid.as_str(), s)))
+        .collect();
+    if samples.is_empty() {
+        return;
+    }
+    run.samples += 1;
+    let mut busy = false;
+    let mut mem = 0u64;
+    for (uuid, s) in &samples {
+        busy |= s.gpu_util_percent > cfg.busy_threshold_percent;
+        run.util_sum += s.gpu_util_percent;
+        run.util_n += 1;
+        run.peak_util = run.peak_util.max(s.gpu_util_percent);
+        mem = mem.saturating_add(s.memory_used_bytes);
+        // The driver's energy counter when there is one (exact), else power times interval.
+        let counted = s.energy_joules.and_then(|e| {
+            let prev = run.last_energy.insert((*uuid).to_owned(), e)?;
+            (e >= prev && e - prev <= 2_000.0 * cap.max(dt)).then_some(e - prev)
+        });
+        run.energy_j += counted.unwrap_or_else(|| s.power_watts.unwrap_or(0.0) * dt);
+    }
+    run.peak_mem = run.peak_mem.max(mem);
+    if busy {
+        run.busy_s += dt;
+    }
+}
+
+fn random_seed() -> u64 {
+    use std::io::Read;
+    let mut buf = [0u8; 8];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .is_ok()
+    {
+        return u64::from_le_bytes(buf);
+    }
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (t.as_nanos() as u64) ^ u64::from(std::process::id()).rotate_left(32)
+}
+
+#[cfg(test)]
+mod tests;
