@@ -331,6 +331,47 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn run_reconciles_each_new_view_until_shutdown() {
+        let (out_tx, mut out_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let sink: DryRunSink = Arc::new(move |s: &str| {
+            let _ = out_tx.send(s.to_string());
+        });
+        let ctx = Arc::new(
+            Ctx::new(
+                RolloutSettings::default(),
+                Arc::new(Recorded::default()),
+                RolloutMetrics::default(),
+            )
+            .with_mode(Mode::DryRun(sink)),
+        );
+        let (views, rx) = tokio::sync::watch::channel(Arc::new(mk_view()));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(run(rx, ctx, async {
+            let _ = stopped.await;
+        }));
+        let first = out_rx.recv().await.unwrap();
+        assert_eq!(first.matches("no derived image yet").count(), 3);
+        let mut v = mk_view();
+        v.generation += 1;
+        v.images.insert(
+            "nvidia".into(),
+            DerivedImage {
+                reference: "r/p@sha256:1".into(),
+                digest: "sha256:1".into(),
+                tag: "nvidia-g8".into(),
+                generation: 8,
+                base_image: "b".into(),
+                config_layer_diff_id: "sha256:2".into(),
+            },
+        );
+        views.send(Arc::new(v)).unwrap();
+        let second = out_rx.recv().await.unwrap();
+        assert!(second.contains("name: kudos-device-plugin-nvidia\n"));
+        stop.send(()).unwrap();
+        task.await.unwrap();
+    }
+
+    #[tokio::test]
     async fn apply_mode_without_client_fails_typed() {
         let ctx = Arc::new(Ctx::new(
             RolloutSettings::default(),

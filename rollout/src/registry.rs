@@ -78,7 +78,7 @@ pub struct RegistrySettings {
     /// Plain HTTP policy.
     #[serde(default)]
     pub plain_http: PlainHttp,
-    /// Credentials, used for both the base and the target registry.
+    /// Credentials; the entry for each registry (base, target) is looked up separately.
     #[serde(default)]
     pub credentials: CredentialSource,
     /// Retry policy for transient registry failures.
@@ -417,23 +417,23 @@ impl ImageDeriver {
     }
 
     /// One attempt: derive `group`'s image from the base and push it. Returns the image by
-    /// digest; records nothing.
+    /// digest; records nothing. `base_auth` and `target_auth` are the credentials for the
+    /// base image's and the target repository's registries (often the same).
     #[tracing::instrument(skip_all, fields(group = %group.name, generation = view.generation))]
     pub async fn derive_plugin_image(
         &self,
         view: &PluginConfigView,
         group: &PluginGroup,
-        auth: &RegistryAuth,
+        base_auth: &RegistryAuth,
+        target_auth: &RegistryAuth,
     ) -> Result<DerivedImage, DeriveError> {
         let layer = image::build_layer(&image::group_config_files(view, group)?)?;
         let c = &self.client;
-        c.store_auth_if_needed(self.base.resolve_registry(), auth)
-            .await;
-        c.store_auth_if_needed(self.target.resolve_registry(), auth)
+        c.store_auth_if_needed(self.target.resolve_registry(), target_auth)
             .await;
 
         let (base_manifest, base_digest, base_config) = c
-            .pull_manifest_and_config(&self.base, auth)
+            .pull_manifest_and_config(&self.base, base_auth)
             .await
             .map_err(registry_err("pull base manifest", &self.base))?;
         let config = image::derive_config(
@@ -499,9 +499,16 @@ impl ImageDeriver {
         let result = loop {
             attempt += 1;
             let outcome: Result<DerivedImage, DeriveError> = async {
-                let auth =
-                    resolve_auth(&self.settings.credentials, self.target_registry(), kube).await?;
-                self.derive_plugin_image(view, group, &auth).await
+                let source = &self.settings.credentials;
+                let target_auth = resolve_auth(source, self.target_registry(), kube).await?;
+                let base_registry = self.base.resolve_registry();
+                let base_auth = if base_registry == self.target_registry() {
+                    target_auth.clone()
+                } else {
+                    resolve_auth(source, base_registry, kube).await?
+                };
+                self.derive_plugin_image(view, group, &base_auth, &target_auth)
+                    .await
             }
             .await;
             match outcome {

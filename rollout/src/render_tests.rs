@@ -194,3 +194,46 @@ fn groups_without_image_are_pending_not_rendered() {
         .collect();
     assert_eq!(docs, dss);
 }
+
+proptest::proptest! {
+    /// Every configured node is in exactly one DaemonSet's affinity, the one of its vendor
+    /// set, and rendering twice gives the same objects.
+    #[test]
+    fn every_node_in_exactly_its_groups_daemonset(
+        nodes in proptest::collection::btree_map("[a-z][a-z0-9]{0,6}", 1u8..8, 1..12)
+    ) {
+        use crate::config::{NodeEntry, VendorEntry};
+        let vendors = ["amd", "intel", "nvidia"];
+        let mut view = PluginConfigView {
+            generation: 1,
+            unified_resource_name: "kudos.dev/gpu".into(),
+            ..PluginConfigView::default()
+        };
+        for (node, mask) in &nodes {
+            let entry = NodeEntry {
+                vendors: vendors
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| mask & (1 << i) != 0)
+                    .map(|(_, v)| (v.to_string(), VendorEntry::default()))
+                    .collect(),
+            };
+            view.nodes.insert(node.clone(), entry);
+        }
+        for g in view.groups().unwrap() {
+            view.images.insert(g.name.clone(), mk_image(&g.name, 1));
+        }
+        let s = RolloutSettings::default();
+        let dss = render_daemonsets(&view, &s).unwrap();
+        proptest::prop_assert_eq!(&dss, &render_daemonsets(&view, &s).unwrap());
+        for (node, entry) in &view.nodes {
+            let group = entry.vendors.keys().cloned().collect::<Vec<_>>().join("-");
+            let holders: Vec<String> = dss
+                .iter()
+                .filter(|d| affinity_nodes(d).contains(node))
+                .map(|d| d.metadata.labels.as_ref().unwrap()[LABEL_GROUP].clone())
+                .collect();
+            proptest::prop_assert_eq!(holders, vec![group]);
+        }
+    }
+}

@@ -9,14 +9,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, Patch, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kudos_rollout::config::{DeviceEntry, NodeEntry, VendorEntry};
+use kudos_rollout::registry::{CredentialsError, resolve_auth};
 use kudos_rollout::render::{OWNED_SELECTOR, affinity_nodes};
 use kudos_rollout::{
-    DerivedImage, ImageRecorder, PluginConfigView, RolloutMetrics, RolloutSettings, apply,
+    CredentialSource, DerivedImage, ImageRecorder, PluginConfigView, RolloutMetrics,
+    RolloutSettings, apply,
 };
+use oci_client::secrets::RegistryAuth;
 
 const TOKEN: &str = "kudos-rollout-test-token";
 
@@ -315,4 +318,34 @@ async fn server_side_apply_is_accepted_idempotent_and_prunes() {
         .unwrap();
     assert_eq!(owned.items.len(), 1);
     assert_eq!(metrics.daemonset_deletes.get(), 1);
+
+    // Registry credentials from a Secret (kubernetes.io/dockerconfigjson).
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.namespace);
+    let mut secret = Secret::default();
+    secret.metadata.name = Some("registry".into());
+    secret.type_ = Some("kubernetes.io/dockerconfigjson".into());
+    secret.string_data = Some(BTreeMap::from([(
+        ".dockerconfigjson".to_string(),
+        r#"{"auths":{"reg.example:5000":{"username":"kudos","password":"pw"}}}"#.to_string(),
+    )]));
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let source = CredentialSource::Secret {
+        namespace: settings.namespace.clone(),
+        name: "registry".into(),
+    };
+    let auth = resolve_auth(&source, "reg.example:5000", Some(&client))
+        .await
+        .unwrap();
+    assert_eq!(auth, RegistryAuth::Basic("kudos".into(), "pw".into()));
+    let missing = CredentialSource::Secret {
+        namespace: settings.namespace.clone(),
+        name: "absent".into(),
+    };
+    assert!(matches!(
+        resolve_auth(&missing, "reg.example:5000", Some(&client)).await,
+        Err(CredentialsError::Fetch { .. })
+    ));
 }

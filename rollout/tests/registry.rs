@@ -295,6 +295,57 @@ async fn derived_image_reads_back_by_digest_and_is_reproducible() {
         .await
         .unwrap();
     assert_ne!(changed.digest, image.digest);
+
+    // A Docker-format (schema 2) base works too: layer media types become OCI ones.
+    let policy = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        policy.path(),
+        r#"{"default":[{"type":"insecureAcceptAnything"}]}"#,
+    )
+    .unwrap();
+    let v2s2 = format!("{}/kudos/device-plugin-v2s2:base", reg.addr);
+    skopeo(&[
+        "copy",
+        "--policy",
+        policy.path().to_str().unwrap(),
+        "--format",
+        "v2s2",
+        "--src-tls-verify=false",
+        "--dest-tls-verify=false",
+        &format!("docker://{base}"),
+        &format!("docker://{v2s2}"),
+    ]);
+    let raw = skopeo(&[
+        "inspect",
+        "--tls-verify=false",
+        "--raw",
+        &format!("docker://{v2s2}"),
+    ]);
+    let m: Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(
+        m["mediaType"],
+        "application/vnd.docker.distribution.manifest.v2+json"
+    );
+    let deriver = ImageDeriver::new(
+        settings(&reg.addr, &v2s2, RetryPolicy::default()),
+        RolloutMetrics::default(),
+    )
+    .unwrap();
+    let from_v2s2 = deriver.derive_with_retry(&v, group, None).await.unwrap();
+    let by_digest = format!("docker://{}", from_v2s2.reference);
+    let raw = skopeo(&["inspect", "--tls-verify=false", "--raw", &by_digest]);
+    let m: Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(m["mediaType"], "application/vnd.oci.image.manifest.v1+json");
+    for l in m["layers"].as_array().unwrap() {
+        assert_eq!(
+            l["mediaType"],
+            "application/vnd.oci.image.layer.v1.tar+gzip"
+        );
+    }
+    let inspect: Value =
+        serde_json::from_slice(&skopeo(&["inspect", "--tls-verify=false", &by_digest])).unwrap();
+    let env = inspect["Env"].as_array().unwrap();
+    assert!(env.contains(&Value::String("KUDOS_VENDOR=nvidia".into())));
 }
 
 #[derive(Default)]
