@@ -1,32 +1,126 @@
-//! Kudos orchestrator: scheduler extender, plugin registry, telemetry ingestion and rollout.
+//! Kudos orchestrator: the control-plane side of Kudos.
+//!
+//! - **Scheduler extender** (HTTP, [`http`], [`extender`]): `filter`, `prioritize`, `bind` for
+//!   kube-scheduler, answered from memory by scheduler-core; `/explain`, `/state`, `/metrics`,
+//!   `/healthz`, `/readyz`.
+//! - **Ingestion** (gRPC, [`grpc`]): device plugins report devices and get the unified
+//!   resource name; node agents stream run reports (acknowledged once durable) and heartbeats.
+//! - **Index** ([`index`]): the one in-memory picture of nodes, pods, plugin configuration and
+//!   the model; written only by the watches ([`watch`]) and ingestion, read by every server.
+//! - **State** ([`store`]): plugin configuration, accepted runs and model snapshots in an
+//!   embedded redb file (default) or a ConfigMap ([`store_k8s`]).
+//!
+//! Without a kubeconfig and outside a cluster (or with `--standalone`) it runs alone: extender,
+//! gRPC and store work; nodes are learned from extender requests (`Nodes` form) and plugin
+//! reports; bind only records. Start reading at [`run`].
 #![forbid(unsafe_code)]
 
-use clap::Parser;
-use std::process::ExitCode;
+pub mod auth;
+pub mod config;
+pub mod extender;
+pub mod grpc;
+pub mod http;
+pub mod index;
+pub mod kobj;
+pub mod metrics;
+pub mod quantity;
+pub mod state;
+pub mod store;
+pub mod store_k8s;
+pub mod watch;
 
-/// Command-line arguments.
+use anyhow::Context;
+use clap::Parser;
+use config::{AuthMode, Settings, StoreKind};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::sync::watch as tokio_watch;
+use tracing::Instrument;
+
+/// How long servers get to finish in-flight requests after SIGTERM.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Command-line arguments. Precedence: flag > environment variable > config file > default.
 #[derive(Debug, Parser)]
-#[command(name = "kudos-orchestrator", version, about = "Kudos orchestrator: scheduler extender, plugin registry, telemetry ingestion and rollout.")]
+#[command(
+    name = "kudos-orchestrator",
+    version,
+    about = "Kudos orchestrator: scheduler extender, plugin registry, telemetry ingestion and state.",
+    long_about = "Kudos orchestrator: scheduler extender (HTTP), plugin registry and telemetry ingestion (gRPC), \
+                  model and plugin-configuration state.\n\nPrecedence of settings: command-line flag > environment \
+                  variable > config file (--config) > built-in default."
+)]
 pub struct Args {
+    /// Versioned YAML config file (`apiVersion: kudos.dev/v1alpha1`, `kind: OrchestratorConfig`).
+    #[arg(long, env = "KUDOS_CONFIG", value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// HTTP listen address (extender, /explain, /state, /metrics, health) [file: listen.http; default 0.0.0.0:8888].
+    #[arg(long, env = "KUDOS_HTTP_LISTEN", value_name = "ADDR")]
+    pub http_listen: Option<SocketAddr>,
+    /// gRPC listen address (RegistryService, TelemetryService) [file: listen.grpc; default 0.0.0.0:8889].
+    #[arg(long, env = "KUDOS_GRPC_LISTEN", value_name = "ADDR")]
+    pub grpc_listen: Option<SocketAddr>,
+    /// Kubeconfig file; without it the in-cluster config or ~/.kube/config is tried, and if none
+    /// works the orchestrator runs standalone.
+    #[arg(long, env = "KUBECONFIG", value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Run without a cluster even if one is reachable (no watches, bind only records).
+    #[arg(long, env = "KUDOS_STANDALONE")]
+    pub standalone: bool,
+    /// Store kind [file: store.kind; default file].
+    #[arg(long, env = "KUDOS_STORE", value_enum)]
+    pub store: Option<StoreKind>,
+    /// File store path [file: store.path; default ./kudos-orchestrator.redb].
+    #[arg(long, env = "KUDOS_STORE_PATH", value_name = "PATH")]
+    pub store_path: Option<PathBuf>,
+    /// Unified resource name [file: unifiedResourceName; default kudos.dev/gpu].
+    #[arg(long, env = "KUDOS_UNIFIED_RESOURCE_NAME", value_name = "NAME")]
+    pub unified_resource_name: Option<String>,
+    /// Path prefix of the extender verbs [file: extender.pathPrefix; default /kudos/v1].
+    #[arg(long, env = "KUDOS_EXTENDER_PREFIX", value_name = "PATH")]
+    pub extender_prefix: Option<String>,
+    /// How gRPC callers are authenticated [file: auth.mode; default token-review].
+    #[arg(long = "auth", env = "KUDOS_AUTH", value_enum)]
+    pub auth_mode: Option<AuthMode>,
+    /// For --auth static: YAML map `token: node-name` [file: auth.staticTokensFile].
+    #[arg(long, env = "KUDOS_STATIC_TOKENS_FILE", value_name = "PATH")]
+    pub static_tokens_file: Option<PathBuf>,
+    /// Seconds without an agent heartbeat before a node is stale [file: nodes.heartbeatMaxAgeSeconds; default 120].
+    #[arg(long, env = "KUDOS_HEARTBEAT_MAX_AGE_SECONDS", value_name = "SECONDS")]
+    pub heartbeat_max_age_seconds: Option<f64>,
+    /// Logging.
     #[command(flatten)]
     pub log: kudos_common::LogArgs,
 }
 
-/// Parses arguments, runs, and maps the outcome to an exit code.
+/// Parses arguments, runs, and maps the outcome to an exit code (2: bad configuration).
 pub fn main_with_args() -> ExitCode {
     let args = Args::parse();
     if let Err(e) = args.log.init() {
         eprintln!("error: {e:#}");
         return ExitCode::from(2);
     }
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let settings = match Settings::resolve(&args) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "invalid configuration");
+            return ExitCode::from(2);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(args)) {
+    match rt.block_on(run(settings)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "exiting");
@@ -35,9 +129,280 @@ pub fn main_with_args() -> ExitCode {
     }
 }
 
-/// Runs until SIGTERM.
-pub async fn run(_args: Args) -> anyhow::Result<()> {
-    tracing::info!("started");
-    kudos_common::shutdown_signal().await;
+async fn kube_client(s: &Settings) -> anyhow::Result<Option<kube::Client>> {
+    if s.standalone {
+        tracing::info!(
+            "standalone mode (--standalone): no cluster; nodes are learned from extender requests and plugin reports, bind only records"
+        );
+        return Ok(None);
+    }
+    let config = match &s.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("loading kubeconfig {}", path.display()))?
+        }
+        None => match kube::Config::infer().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::info!(reason = %e, "no kubeconfig and not in a cluster: standalone mode; nodes are learned from extender requests and plugin reports, bind only records");
+                return Ok(None);
+            }
+        },
+    };
+    tracing::info!(cluster = %config.cluster_url, "using the Kubernetes API");
+    Ok(Some(
+        kube::Client::try_from(config).context("building the Kubernetes client")?,
+    ))
+}
+
+async fn open_store(
+    s: &Settings,
+    client: Option<&kube::Client>,
+) -> anyhow::Result<Arc<dyn store::Store>> {
+    Ok(match s.store_kind {
+        StoreKind::File => {
+            if let Some(dir) = s.store_path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+            }
+            tracing::info!(path = %s.store_path.display(), "file store");
+            Arc::new(
+                store::FileStore::open(&s.store_path)
+                    .with_context(|| format!("opening store {}", s.store_path.display()))?,
+            )
+        }
+        StoreKind::ConfigMap => {
+            let client = client.context(
+                "store.kind configMap needs a cluster; use the file store in standalone mode",
+            )?;
+            tracing::info!(namespace = %s.store_namespace, name = %s.store_name, "ConfigMap store");
+            Arc::new(store_k8s::ConfigMapStore::new(
+                client.clone(),
+                &s.store_namespace,
+                &s.store_name,
+            ))
+        }
+    })
+}
+
+fn authenticator(
+    s: &Settings,
+    client: Option<&kube::Client>,
+) -> anyhow::Result<Arc<dyn auth::Authenticator>> {
+    Ok(match s.auth_mode {
+        AuthMode::Static => {
+            let path = s
+                .static_tokens_file
+                .as_ref()
+                .context("--static-tokens-file is required with --auth static")?;
+            Arc::new(auth::StaticAuthenticator::from_file(path)?)
+        }
+        AuthMode::TokenReview => {
+            let client = client.context("auth mode token-review needs a cluster; in standalone mode use --auth static --static-tokens-file")?;
+            Arc::new(auth::TokenReviewAuthenticator::new(
+                client.clone(),
+                s.audiences.clone(),
+                s.allowed_users.clone(),
+                s.auth_cache,
+            ))
+        }
+    })
+}
+
+/// Rebuilds the index from the store: plugin configuration, model snapshot, then every run
+/// accepted after the snapshot, in order.
+pub async fn restore(
+    s: &Settings,
+    store: &dyn store::Store,
+    cluster: bool,
+) -> anyhow::Result<index::Index> {
+    let loaded = store.load().await.context("loading state")?;
+    let scheduler = index::scheduler_from(
+        s.scheduler.clone(),
+        loaded.model.as_ref().map(|(m, _)| m.as_slice()),
+    )
+    .context("the stored model snapshot is unreadable")?;
+    let mut idx = index::Index::new(
+        &s.unified_resource_name,
+        s.heartbeat_max_age_seconds,
+        scheduler,
+        cluster,
+    );
+    idx.set_plugin_config(loaded.plugin_config);
+    let snapshot_seq = loaded.model.as_ref().map_or(0, |(_, seq)| *seq);
+    for run in &loaded.runs_to_replay {
+        if let Err(e) = idx.apply_run(run) {
+            tracing::warn!(seq = run.seq, error = %e, "replayed run refused by the model");
+        }
+    }
+    let idx_seq = idx.applied_seq().max(snapshot_seq);
+    tracing::info!(
+        known_reports = loaded.known_reports,
+        snapshot_seq,
+        replayed = loaded.runs_to_replay.len(),
+        applied_seq = idx_seq,
+        generation = idx.plugin_config().generation,
+        "state restored"
+    );
+    Ok(idx)
+}
+
+async fn snapshot(index: &index::SharedIndex, store: &dyn store::Store, saved: &mut u64) {
+    let snap = match index.read() {
+        Ok(i) if i.applied_seq() > *saved => i.model_snapshot(),
+        _ => return,
+    };
+    match snap {
+        Ok((bytes, seq)) => match store.save_model(bytes, seq).await {
+            Ok(()) => *saved = seq,
+            Err(e) => tracing::warn!(error = %e, "model snapshot failed; runs stay replayable"),
+        },
+        Err(e) => tracing::warn!(error = %e, "serialising the model failed"),
+    }
+}
+
+/// Runs until SIGTERM/SIGINT, then drains.
+pub async fn run(s: Settings) -> anyhow::Result<()> {
+    // kube's rustls needs a process-wide provider; ring is the one this workspace builds.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    s.scheduler
+        .validate()
+        .context("invalid `scheduler` section of the config")?;
+    let client = kube_client(&s).await?;
+    let cluster = client.is_some();
+    let store = open_store(&s, client.as_ref()).await?;
+    let auth = authenticator(&s, client.as_ref())?;
+    let idx = restore(&s, &*store, cluster).await?;
+    let mut saved_seq = idx.applied_seq();
+    let metrics = Arc::new(metrics::Metrics::new());
+    metrics
+        .plugin_generation
+        .set(idx.plugin_config().generation as i64);
+    let index: index::SharedIndex = Arc::new(RwLock::new(idx));
+    if let Some(c) = &client {
+        watch::spawn(
+            c.clone(),
+            index.clone(),
+            metrics.clone(),
+            s.unified_resource_name.clone(),
+        );
+    }
+    let (drain_tx, drain_rx) = tokio_watch::channel(false);
+
+    let binder: Arc<dyn extender::bind::Binder> = match &client {
+        Some(c) => Arc::new(extender::bind::KubeBinder::new(c.clone())),
+        None => Arc::new(extender::bind::LocalBinder),
+    };
+    let http_state = Arc::new(http::HttpState {
+        extender: extender::Extender {
+            index: index.clone(),
+            ledger: extender::ledger::Ledger::new(cluster),
+            explain: extender::ExplainCache::default(),
+            binder,
+            metrics: metrics.clone(),
+            unified: s.unified_resource_name.clone(),
+        },
+        index: index.clone(),
+        metrics: metrics.clone(),
+    });
+    let limits = http::HttpLimits {
+        prefix: s.extender_prefix.clone(),
+        max_body_bytes: s.max_body_bytes,
+        timeout: s.request_timeout,
+        bind_timeout: s.bind_timeout,
+        max_concurrent: s.max_concurrent_requests,
+    };
+    let app = http::router(http_state, &limits);
+    let http_listener = tokio::net::TcpListener::bind(s.http_listen)
+        .await
+        .with_context(|| format!("binding HTTP {}", s.http_listen))?;
+    tracing::info!(addr = %http_listener.local_addr()?, prefix = %s.extender_prefix, "HTTP listening");
+    let mut rx = drain_rx.clone();
+    let http_task = tokio::spawn(
+        async move {
+            axum::serve(http_listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = rx.wait_for(|d| *d).await;
+                })
+                .await
+        }
+        .instrument(tracing::info_span!("http")),
+    );
+
+    let ingest = Arc::new(grpc::Ingest {
+        index: index.clone(),
+        store: store.clone(),
+        auth,
+        metrics: metrics.clone(),
+        unified: s.unified_resource_name.clone(),
+        heartbeat_max_age: s.heartbeat_max_age_seconds,
+        lock: tokio::sync::Mutex::new(()),
+        draining: drain_rx.clone(),
+    });
+    let grpc_listener = tokio::net::TcpListener::bind(s.grpc_listen)
+        .await
+        .with_context(|| format!("binding gRPC {}", s.grpc_listen))?;
+    tracing::info!(addr = %grpc_listener.local_addr()?, "gRPC listening");
+    let services = grpc::Services(ingest);
+    use kudos_proto::kudos::v1::{
+        registry_service_server::RegistryServiceServer,
+        telemetry_service_server::TelemetryServiceServer,
+    };
+    let mut rx = drain_rx.clone();
+    let grpc_task = tokio::spawn(
+        tonic::transport::Server::builder()
+            .timeout(Duration::from_secs(30))
+            .concurrency_limit_per_connection(256)
+            .max_concurrent_streams(Some(1024))
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            .tcp_keepalive(Some(Duration::from_secs(60)))
+            .add_service(
+                RegistryServiceServer::new(services.clone()).max_decoding_message_size(1 << 20),
+            )
+            .add_service(TelemetryServiceServer::new(services).max_decoding_message_size(1 << 20))
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+                async move {
+                    let _ = rx.wait_for(|d| *d).await;
+                },
+            )
+            .instrument(tracing::info_span!("grpc")),
+    );
+
+    let mut tick = tokio::time::interval(s.snapshot_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let shutdown = kudos_common::shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = tick.tick() => snapshot(&index, &*store, &mut saved_seq).await,
+        }
+    }
+    tracing::info!("draining");
+    let _ = drain_tx.send(true);
+    let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
+        let h = http_task.await;
+        let g = grpc_task.await;
+        (h, g)
+    })
+    .await;
+    match drained {
+        Ok((h, g)) => {
+            if let Ok(Err(e)) = h {
+                tracing::warn!(error = %e, "HTTP server ended with an error");
+            }
+            if let Ok(Err(e)) = g {
+                tracing::warn!(error = %e, "gRPC server ended with an error");
+            }
+        }
+        Err(_) => tracing::warn!("servers did not drain within {DRAIN_TIMEOUT:?}; stopping anyway"),
+    }
+    snapshot(&index, &*store, &mut saved_seq).await;
+    tracing::info!("stopped");
     Ok(())
 }

@@ -1,0 +1,229 @@
+//! Who is calling the gRPC API, and for which node it may speak.
+//!
+//! Callers send `authorization: Bearer <token>`. An [`Authenticator`] turns the token into an
+//! [`Identity`] whose `node` is the only node the caller may report about:
+//!
+//! - [`TokenReviewAuthenticator`] asks the API server (`authentication.k8s.io/v1`
+//!   TokenReview). Since Kubernetes 1.30 (`ServiceAccountTokenPodNodeInfo`, GA in 1.32) a
+//!   projected service-account token of a pod carries the node it runs on, returned as
+//!   `status.user.extra["authentication.kubernetes.io/node-name"]`; that is the identity's node.
+//!   Answers are cached briefly (successes for the configured time, refusals for 10 s) so a
+//!   reconnecting fleet does not flood the API server.
+//! - [`StaticAuthenticator`] reads a `token: node` YAML map, for development and tests.
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The `user.extra` key carrying the node of a node-bound service-account token.
+pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+
+/// An authenticated caller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// User name (e.g. `system:serviceaccount:kudos-system:kudos-node-agent`).
+    pub user: String,
+    /// The node the token is bound to, if any.
+    pub node: Option<String>,
+}
+
+/// Authentication failures.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum AuthError {
+    /// No bearer token in the request.
+    #[error("missing `authorization: Bearer <token>` metadata")]
+    Missing,
+    /// The token was refused.
+    #[error("token refused: {0}")]
+    Invalid(String),
+    /// The user is authenticated but not on the allowed list.
+    #[error("user {0:?} is not allowed to call the Kudos API (auth.allowedUsers)")]
+    NotAllowed(String),
+    /// The authenticator could not decide (API server unreachable).
+    #[error("cannot check the token now: {0}")]
+    Unavailable(String),
+}
+
+/// Checks a bearer token.
+pub trait Authenticator: Send + Sync + 'static {
+    /// Authenticates `token` (without the `Bearer ` prefix).
+    fn authenticate<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Identity, AuthError>>;
+}
+
+/// Extracts the bearer token from an `authorization` header value.
+pub fn bearer(value: Option<&str>) -> Result<&str, AuthError> {
+    let v = value.ok_or(AuthError::Missing)?.trim();
+    let token = v
+        .strip_prefix("Bearer ")
+        .or_else(|| v.strip_prefix("bearer "))
+        .ok_or(AuthError::Missing)?
+        .trim();
+    if token.is_empty() {
+        Err(AuthError::Missing)
+    } else {
+        Ok(token)
+    }
+}
+
+// === impl StaticAuthenticator ===
+
+/// Fixed tokens, each bound to one node.
+#[derive(Debug, Default)]
+pub struct StaticAuthenticator {
+    tokens: HashMap<String, String>,
+}
+
+impl StaticAuthenticator {
+    /// From a map token → node.
+    pub fn new(tokens: HashMap<String, String>) -> Self {
+        Self { tokens }
+    }
+
+    /// Reads a YAML map `token: node`.
+    pub fn from_file(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("reading static tokens {}: {e}", path.display()))?;
+        let tokens: BTreeMap<String, String> = serde_yaml::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("parsing static tokens {}: {e}", path.display()))?;
+        Ok(Self::new(tokens.into_iter().collect()))
+    }
+}
+
+impl Authenticator for StaticAuthenticator {
+    fn authenticate<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Identity, AuthError>> {
+        let r = match self.tokens.get(token) {
+            Some(node) => Ok(Identity {
+                user: format!("static:{node}"),
+                node: Some(node.clone()),
+            }),
+            None => Err(AuthError::Invalid("unknown static token".into())),
+        };
+        Box::pin(std::future::ready(r))
+    }
+}
+
+// === impl TokenReviewAuthenticator ===
+
+const NEGATIVE_TTL: Duration = Duration::from_secs(10);
+const MAX_CACHE: usize = 10_000;
+
+type Cached = (Result<Identity, AuthError>, Instant);
+
+/// TokenReview against the API server, with a small cache.
+pub struct TokenReviewAuthenticator {
+    client: kube::Client,
+    audiences: Vec<String>,
+    allowed_users: Vec<String>,
+    ttl: Duration,
+    cache: Mutex<HashMap<String, Cached>>,
+}
+
+impl TokenReviewAuthenticator {
+    /// `allowed_users` empty allows every authenticated user with a node-bound token.
+    pub fn new(
+        client: kube::Client,
+        audiences: Vec<String>,
+        allowed_users: Vec<String>,
+        ttl: Duration,
+    ) -> Self {
+        Self {
+            client,
+            audiences,
+            allowed_users,
+            ttl,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn review(&self, token: &str) -> Result<Identity, AuthError> {
+        let api: kube::Api<TokenReview> = kube::Api::all(self.client.clone());
+        let req = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.to_owned()),
+                audiences: (!self.audiences.is_empty()).then(|| self.audiences.clone()),
+            },
+            ..Default::default()
+        };
+        let resp = api
+            .create(&kube::api::PostParams::default(), &req)
+            .await
+            .map_err(|e| AuthError::Unavailable(format!("TokenReview failed: {e}")))?;
+        let status = resp.status.unwrap_or_default();
+        if status.authenticated != Some(true) {
+            return Err(AuthError::Invalid(
+                status.error.unwrap_or_else(|| "not authenticated".into()),
+            ));
+        }
+        let user = status.user.unwrap_or_default();
+        let name = user.username.unwrap_or_default();
+        if !self.allowed_users.is_empty() && !self.allowed_users.contains(&name) {
+            return Err(AuthError::NotAllowed(name));
+        }
+        let node = user
+            .extra
+            .as_ref()
+            .and_then(|e| e.get(NODE_NAME_EXTRA))
+            .and_then(|v| v.first())
+            .cloned();
+        Ok(Identity { user: name, node })
+    }
+}
+
+impl Authenticator for TokenReviewAuthenticator {
+    fn authenticate<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Identity, AuthError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            if let Ok(cache) = self.cache.lock()
+                && let Some((r, until)) = cache.get(token)
+                && *until > now
+            {
+                return r.clone();
+            }
+            let r = self.review(token).await;
+            let ttl = match &r {
+                Ok(_) => self.ttl,
+                Err(AuthError::Unavailable(_)) => return r,
+                Err(_) => NEGATIVE_TTL,
+            };
+            if let Ok(mut cache) = self.cache.lock() {
+                if cache.len() >= MAX_CACHE {
+                    cache.retain(|_, (_, until)| *until > now);
+                    if cache.len() >= MAX_CACHE {
+                        cache.clear();
+                    }
+                }
+                cache.insert(token.to_owned(), (r.clone(), now + ttl));
+            }
+            r
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_parsing() {
+        assert_eq!(bearer(Some("Bearer abc")).unwrap(), "abc");
+        assert!(matches!(bearer(None), Err(AuthError::Missing)));
+        assert!(matches!(bearer(Some("Basic x")), Err(AuthError::Missing)));
+        assert!(matches!(bearer(Some("Bearer ")), Err(AuthError::Missing)));
+    }
+
+    #[tokio::test]
+    async fn static_tokens_map_to_nodes() {
+        let a = StaticAuthenticator::new([("t1".to_owned(), "n1".to_owned())].into());
+        assert_eq!(
+            a.authenticate("t1").await.unwrap().node.as_deref(),
+            Some("n1")
+        );
+        assert!(matches!(
+            a.authenticate("t2").await,
+            Err(AuthError::Invalid(_))
+        ));
+    }
+}

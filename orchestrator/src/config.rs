@@ -1,0 +1,461 @@
+//! Configuration: the versioned YAML file, the command line, and the validated [`Settings`]
+//! built from both before anything starts.
+//!
+//! Two stages (style guide, "Applied to Kudos" 8): [`FileConfig`] is the raw file
+//! (`apiVersion: kudos.dev/v1alpha1`, `kind: OrchestratorConfig`, unknown fields rejected so a
+//! typo fails at start instead of being silently ignored); [`crate::Args`] are the raw flags.
+//! [`Settings::resolve`] merges them with precedence **CLI > environment > file > default**
+//! (clap applies CLI over env; a flag or env value that is set replaces the file's value) and
+//! validates the result. Errors name the field: serde_yaml prefixes its messages with the path
+//! (`store.kind: unknown variant ...`), and our own checks use the YAML field names.
+
+use kudos_scheduler_core::SchedulerConfig;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The only `apiVersion` this binary reads.
+pub const API_VERSION: &str = "kudos.dev/v1alpha1";
+/// The only `kind` this binary reads.
+pub const KIND: &str = "OrchestratorConfig";
+/// Default unified resource name every vendor's devices are registered under.
+pub const DEFAULT_UNIFIED_RESOURCE: &str = "kudos.dev/gpu";
+/// Default path prefix of the extender verbs (`<prefix>/filter`, ...).
+pub const DEFAULT_EXTENDER_PREFIX: &str = "/kudos/v1";
+
+/// Errors while reading or validating configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// File path.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The YAML did not match the schema; the message names the field.
+    #[error("parsing {path}: {source}")]
+    Parse {
+        /// File path.
+        path: PathBuf,
+        /// Cause, with the field path.
+        #[source]
+        source: serde_yaml::Error,
+    },
+    /// A field has a value this binary cannot use.
+    #[error("invalid value for `{field}`: {reason}")]
+    Invalid {
+        /// YAML field path (or flag) at fault.
+        field: &'static str,
+        /// What is wrong and what is expected.
+        reason: String,
+    },
+}
+
+// === file format ===
+
+/// The configuration file, `kudos.dev/v1alpha1` `OrchestratorConfig`. Every field but the two
+/// type fields is optional; see `orchestrator/examples/config.yaml`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileConfig {
+    /// Must be `kudos.dev/v1alpha1`.
+    pub api_version: String,
+    /// Must be `OrchestratorConfig`.
+    pub kind: String,
+    /// Unified resource name, default `kudos.dev/gpu`.
+    #[serde(default)]
+    pub unified_resource_name: Option<String>,
+    /// Listen addresses.
+    #[serde(default)]
+    pub listen: ListenConfig,
+    /// Extender limits and prefix.
+    #[serde(default)]
+    pub extender: ExtenderConfig,
+    /// Where state lives.
+    #[serde(default)]
+    pub store: StoreConfig,
+    /// Node monitoring.
+    #[serde(default)]
+    pub nodes: NodesConfig,
+    /// Caller authentication for the gRPC API.
+    #[serde(default)]
+    pub auth: AuthConfig,
+    /// Scheduling policy handed to scheduler-core as is: classes (allowed vendors and models,
+    /// minimum device memory, threshold factor), weights, priors.
+    #[serde(default)]
+    pub scheduler: Option<SchedulerConfig>,
+}
+
+/// Listen addresses.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ListenConfig {
+    /// HTTP: extender, health, metrics, explain, state. Default `0.0.0.0:8888`.
+    pub http: Option<SocketAddr>,
+    /// gRPC: RegistryService, TelemetryService. Default `0.0.0.0:8889`.
+    pub grpc: Option<SocketAddr>,
+}
+
+/// Extender settings.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExtenderConfig {
+    /// Path prefix of the verbs, default `/kudos/v1`; set kube-scheduler's `urlPrefix` to
+    /// `http://<host>:<port><prefix>`.
+    pub path_prefix: Option<String>,
+    /// Largest accepted request body, default 64 MiB (a 5,000-node `NodeList` is ~30 MiB).
+    pub max_body_bytes: Option<usize>,
+    /// Per-request timeout for filter/prioritize, default 5 s.
+    pub timeout_seconds: Option<f64>,
+    /// Timeout for bind (it calls the API server), default 15 s.
+    pub bind_timeout_seconds: Option<f64>,
+    /// Requests served at once; more wait. Default 64.
+    pub max_concurrent_requests: Option<usize>,
+}
+
+/// Store kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "camelCase")]
+pub enum StoreKind {
+    /// Embedded redb file (default): the binary runs with no cluster.
+    #[default]
+    File,
+    /// A ConfigMap in the cluster, so a standby replica can take over.
+    ConfigMap,
+}
+
+/// Store settings.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `file` (default) or `configMap`.
+    pub kind: Option<StoreKind>,
+    /// File store path, default `kudos-orchestrator.redb` in the working directory.
+    pub path: Option<PathBuf>,
+    /// ConfigMap store namespace, default `kudos-system`.
+    pub namespace: Option<String>,
+    /// ConfigMap store name, default `kudos-orchestrator-state`.
+    pub name: Option<String>,
+    /// Seconds between model snapshots (reports are durable on their own), default 30.
+    pub snapshot_interval_seconds: Option<f64>,
+}
+
+/// Node monitoring settings.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodesConfig {
+    /// A node whose agent last sent a heartbeat longer ago than this is stale and excluded
+    /// from ranking. Default 120 s. Nodes that never sent one are not stale (agents may not
+    /// be deployed, and heartbeats are not persisted across restarts).
+    pub heartbeat_max_age_seconds: Option<f64>,
+}
+
+/// Authenticator kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "camelCase")]
+pub enum AuthMode {
+    /// TokenReview against the API server (default when a cluster is reachable).
+    #[default]
+    TokenReview,
+    /// A static token → node file, for development and tests.
+    Static,
+}
+
+/// Authentication settings.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AuthConfig {
+    /// `tokenReview` or `static`.
+    pub mode: Option<AuthMode>,
+    /// For `static`: a YAML map `token: node-name`.
+    pub static_tokens_file: Option<PathBuf>,
+    /// TokenReview audiences to request (empty: the API server's default).
+    #[serde(default)]
+    pub audiences: Vec<String>,
+    /// Usernames allowed to call (e.g. `system:serviceaccount:kudos-system:kudos-node-agent`);
+    /// empty allows every node-bound service-account token.
+    #[serde(default)]
+    pub allowed_users: Vec<String>,
+    /// How long a TokenReview answer is cached, default 60 s.
+    pub cache_seconds: Option<f64>,
+}
+
+impl FileConfig {
+    /// Reads and parses a file, checking `apiVersion` and `kind`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|e| match e {
+            ConfigError::Parse { source, .. } => ConfigError::Parse {
+                path: path.to_owned(),
+                source,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses YAML text, checking `apiVersion` and `kind`.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let cfg: FileConfig = serde_yaml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: PathBuf::from("<config>"),
+            source,
+        })?;
+        if cfg.api_version != API_VERSION {
+            return Err(ConfigError::Invalid {
+                field: "apiVersion",
+                reason: format!(
+                    "{:?} is not supported; use {API_VERSION:?}",
+                    cfg.api_version
+                ),
+            });
+        }
+        if cfg.kind != KIND {
+            return Err(ConfigError::Invalid {
+                field: "kind",
+                reason: format!("{:?} is not supported; use {KIND:?}", cfg.kind),
+            });
+        }
+        Ok(cfg)
+    }
+}
+
+// === validated settings ===
+
+/// Everything the runtime needs, validated.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Unified resource name.
+    pub unified_resource_name: String,
+    /// HTTP listen address.
+    pub http_listen: SocketAddr,
+    /// gRPC listen address.
+    pub grpc_listen: SocketAddr,
+    /// Extender path prefix, starts with `/`, no trailing `/` (may be empty).
+    pub extender_prefix: String,
+    /// Body limit.
+    pub max_body_bytes: usize,
+    /// Filter/prioritize timeout.
+    pub request_timeout: Duration,
+    /// Bind timeout.
+    pub bind_timeout: Duration,
+    /// Concurrency limit of the HTTP server.
+    pub max_concurrent_requests: usize,
+    /// Store kind.
+    pub store_kind: StoreKind,
+    /// File store path.
+    pub store_path: PathBuf,
+    /// ConfigMap store namespace.
+    pub store_namespace: String,
+    /// ConfigMap store name.
+    pub store_name: String,
+    /// Model snapshot period.
+    pub snapshot_interval: Duration,
+    /// Heartbeat max age, seconds.
+    pub heartbeat_max_age_seconds: f64,
+    /// Authenticator.
+    pub auth_mode: AuthMode,
+    /// Static token file.
+    pub static_tokens_file: Option<PathBuf>,
+    /// TokenReview audiences.
+    pub audiences: Vec<String>,
+    /// Allowed usernames (empty: any).
+    pub allowed_users: Vec<String>,
+    /// TokenReview cache lifetime.
+    pub auth_cache: Duration,
+    /// Kubeconfig path, if given.
+    pub kubeconfig: Option<PathBuf>,
+    /// Run without any cluster even if one is reachable.
+    pub standalone: bool,
+    /// Scheduling policy.
+    pub scheduler: SchedulerConfig,
+}
+
+fn positive_secs(field: &'static str, v: f64) -> Result<Duration, ConfigError> {
+    if v.is_finite() && v > 0.0 && v < 1e9 {
+        Ok(Duration::from_secs_f64(v))
+    } else {
+        Err(ConfigError::Invalid {
+            field,
+            reason: format!("{v} must be a positive number of seconds"),
+        })
+    }
+}
+
+impl Settings {
+    /// Merges CLI/env (already in `args`) over the file, applies defaults and validates.
+    pub fn resolve(args: &crate::Args) -> Result<Self, ConfigError> {
+        let file = match &args.config {
+            Some(p) => FileConfig::load(p)?,
+            None => FileConfig::default(),
+        };
+        let unified = args
+            .unified_resource_name
+            .clone()
+            .or(file.unified_resource_name)
+            .unwrap_or_else(|| DEFAULT_UNIFIED_RESOURCE.to_owned());
+        if !valid_resource_name(&unified) {
+            return Err(ConfigError::Invalid {
+                field: "unifiedResourceName",
+                reason: format!(
+                    "{unified:?} is not an extended resource name like `kudos.dev/gpu` (domain/name)"
+                ),
+            });
+        }
+        let mut prefix = args
+            .extender_prefix
+            .clone()
+            .or(file.extender.path_prefix)
+            .unwrap_or_else(|| DEFAULT_EXTENDER_PREFIX.to_owned());
+        while prefix.ends_with('/') {
+            prefix.pop();
+        }
+        if !prefix.is_empty() && !prefix.starts_with('/') {
+            return Err(ConfigError::Invalid {
+                field: "extender.pathPrefix",
+                reason: format!("{prefix:?} must start with `/`"),
+            });
+        }
+        let max_body_bytes = file.extender.max_body_bytes.unwrap_or(64 << 20);
+        if max_body_bytes < 1024 {
+            return Err(ConfigError::Invalid {
+                field: "extender.maxBodyBytes",
+                reason: format!("{max_body_bytes} is too small (at least 1024)"),
+            });
+        }
+        let max_concurrent_requests = file.extender.max_concurrent_requests.unwrap_or(64);
+        if max_concurrent_requests == 0 {
+            return Err(ConfigError::Invalid {
+                field: "extender.maxConcurrentRequests",
+                reason: "must be at least 1".into(),
+            });
+        }
+        let heartbeat_max_age_seconds = args
+            .heartbeat_max_age_seconds
+            .or(file.nodes.heartbeat_max_age_seconds)
+            .unwrap_or(120.0);
+        positive_secs("nodes.heartbeatMaxAgeSeconds", heartbeat_max_age_seconds)?;
+        let auth_mode = args.auth_mode.or(file.auth.mode).unwrap_or_default();
+        let static_tokens_file = args
+            .static_tokens_file
+            .clone()
+            .or(file.auth.static_tokens_file);
+        if auth_mode == AuthMode::Static && static_tokens_file.is_none() {
+            return Err(ConfigError::Invalid {
+                field: "auth.staticTokensFile",
+                reason: "required when auth.mode is `static` (--static-tokens-file)".into(),
+            });
+        }
+        let scheduler = file.scheduler.unwrap_or_default();
+        scheduler.validate().map_err(|e| ConfigError::Invalid {
+            field: "scheduler",
+            reason: e.to_string(),
+        })?;
+        Ok(Settings {
+            unified_resource_name: unified,
+            http_listen: args
+                .http_listen
+                .or(file.listen.http)
+                .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8888))),
+            grpc_listen: args
+                .grpc_listen
+                .or(file.listen.grpc)
+                .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8889))),
+            extender_prefix: prefix,
+            max_body_bytes,
+            request_timeout: positive_secs(
+                "extender.timeoutSeconds",
+                file.extender.timeout_seconds.unwrap_or(5.0),
+            )?,
+            bind_timeout: positive_secs(
+                "extender.bindTimeoutSeconds",
+                file.extender.bind_timeout_seconds.unwrap_or(15.0),
+            )?,
+            max_concurrent_requests,
+            store_kind: args.store.or(file.store.kind).unwrap_or_default(),
+            store_path: args
+                .store_path
+                .clone()
+                .or(file.store.path)
+                .unwrap_or_else(|| PathBuf::from("kudos-orchestrator.redb")),
+            store_namespace: file
+                .store
+                .namespace
+                .unwrap_or_else(|| "kudos-system".to_owned()),
+            store_name: file
+                .store
+                .name
+                .unwrap_or_else(|| "kudos-orchestrator-state".to_owned()),
+            snapshot_interval: positive_secs(
+                "store.snapshotIntervalSeconds",
+                file.store.snapshot_interval_seconds.unwrap_or(30.0),
+            )?,
+            heartbeat_max_age_seconds,
+            auth_mode,
+            static_tokens_file,
+            audiences: file.auth.audiences,
+            allowed_users: file.auth.allowed_users,
+            auth_cache: positive_secs(
+                "auth.cacheSeconds",
+                file.auth.cache_seconds.unwrap_or(60.0),
+            )?,
+            kubeconfig: args.kubeconfig.clone(),
+            standalone: args.standalone,
+            scheduler,
+        })
+    }
+}
+
+/// `domain/name` with a DNS-ish domain: what the kubelet accepts for extended resources.
+fn valid_resource_name(s: &str) -> bool {
+    let Some((domain, name)) = s.split_once('/') else {
+        return false;
+    };
+    let ok = |p: &str, dots: bool| {
+        !p.is_empty()
+            && p.len() <= 63
+            && p.chars().all(|c| {
+                c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || (dots && c == '.')
+            })
+    };
+    domain.contains('.') && ok(domain, true) && ok(name, true) && !name.contains('/')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_config_parses() {
+        let text = include_str!("../examples/config.yaml");
+        let cfg = FileConfig::parse(text).expect("example parses");
+        assert_eq!(cfg.unified_resource_name.as_deref(), Some("kudos.dev/gpu"));
+        assert!(cfg.scheduler.is_some());
+    }
+
+    #[test]
+    fn unknown_field_is_named() {
+        let text = "apiVersion: kudos.dev/v1alpha1\nkind: OrchestratorConfig\nstore:\n  pth: x\n";
+        let err = FileConfig::parse(text).unwrap_err().to_string();
+        assert!(err.contains("store") && err.contains("pth"), "{err}");
+    }
+
+    #[test]
+    fn wrong_version_is_rejected() {
+        let text = "apiVersion: kudos.dev/v9\nkind: OrchestratorConfig\n";
+        let err = FileConfig::parse(text).unwrap_err().to_string();
+        assert!(err.contains("apiVersion"), "{err}");
+    }
+
+    #[test]
+    fn resource_names() {
+        assert!(valid_resource_name("kudos.dev/gpu"));
+        assert!(!valid_resource_name("gpu"));
+        assert!(!valid_resource_name("Kudos.dev/gpu"));
+    }
+}

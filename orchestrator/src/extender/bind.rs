@@ -1,0 +1,129 @@
+//! Binding a pod to a node: the one extender call that reaches the API server.
+//!
+//! [`KubeBinder`] creates the `pods/binding` subresource. It is idempotent: when the API
+//! server answers Conflict (the pod is already bound), it reads the pod and succeeds if the
+//! pod is bound to the requested node, so a retried bind after a lost response succeeds.
+//! [`LocalBinder`] (standalone mode, no API server) only records the decision.
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+/// Bind failures.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// The pod is bound elsewhere already.
+    #[error("pod {pod} is already bound to node {bound}, not {requested}")]
+    BoundElsewhere {
+        /// `namespace/name`.
+        pod: String,
+        /// Node it is bound to.
+        bound: String,
+        /// Node asked for.
+        requested: String,
+    },
+    /// The API server refused or failed.
+    #[error("binding pod {pod} to node {node}: {source}")]
+    Api {
+        /// `namespace/name`.
+        pod: String,
+        /// Node asked for.
+        node: String,
+        /// Cause.
+        #[source]
+        source: Box<kube::Error>,
+    },
+}
+
+/// Creates bindings.
+pub trait Binder: Send + Sync + 'static {
+    /// Binds `namespace/name` (UID `uid`, empty when unknown) to `node`.
+    fn bind<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        uid: &'a str,
+        node: &'a str,
+    ) -> BoxFuture<'a, Result<(), BindError>>;
+}
+
+/// Binds through the API server.
+pub struct KubeBinder {
+    client: kube::Client,
+}
+
+impl KubeBinder {
+    /// Uses `client`.
+    pub fn new(client: kube::Client) -> Self {
+        Self { client }
+    }
+}
+
+impl Binder for KubeBinder {
+    fn bind<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        uid: &'a str,
+        node: &'a str,
+    ) -> BoxFuture<'a, Result<(), BindError>> {
+        Box::pin(async move {
+            let api: kube::Api<Pod> = kube::Api::namespaced(self.client.clone(), namespace);
+            let binding = Binding {
+                metadata: ObjectMeta {
+                    name: Some(name.to_owned()),
+                    namespace: Some(namespace.to_owned()),
+                    uid: (!uid.is_empty()).then(|| uid.to_owned()),
+                    ..Default::default()
+                },
+                target: ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Node".into()),
+                    name: Some(node.to_owned()),
+                    ..Default::default()
+                },
+            };
+            let pod_id = format!("{namespace}/{name}");
+            let api_err = |e: kube::Error| BindError::Api {
+                pod: pod_id.clone(),
+                node: node.to_owned(),
+                source: Box::new(e),
+            };
+            let r: Result<serde_json::Value, kube::Error> = api
+                .create_subresource("binding", name, &kube::api::PostParams::default(), &binding)
+                .await;
+            match r {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    let pod = api.get(name).await.map_err(api_err)?;
+                    match pod.spec.and_then(|s| s.node_name) {
+                        Some(n) if n == node => Ok(()),
+                        Some(n) => Err(BindError::BoundElsewhere {
+                            pod: pod_id.clone(),
+                            bound: n,
+                            requested: node.to_owned(),
+                        }),
+                        None => Err(api_err(kube::Error::Api(s))),
+                    }
+                }
+                Err(e) => Err(api_err(e)),
+            }
+        })
+    }
+}
+
+/// Standalone mode: nothing to bind against; the ledger records the decision.
+pub struct LocalBinder;
+
+impl Binder for LocalBinder {
+    fn bind<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        _uid: &'a str,
+        node: &'a str,
+    ) -> BoxFuture<'a, Result<(), BindError>> {
+        tracing::info!(pod = %format!("{namespace}/{name}"), node, "standalone mode: bind recorded locally, no API server to bind with");
+        Box::pin(std::future::ready(Ok(())))
+    }
+}

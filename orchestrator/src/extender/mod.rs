@@ -1,0 +1,384 @@
+//! The kube-scheduler extender: `filter`, `prioritize`, `bind`.
+//!
+//! kube-scheduler calls these on its serial path, so filter and prioritize answer from the
+//! index in memory (no API server call) and let scheduler-core do every scheduling step:
+//! `rank` for the node set, predictions, reviews and scores; `place_gang` for gangs. This module
+//! only translates: Kubernetes objects to `PodSpec`/`NodeState`, a `Ranking` to the wire types.
+//!
+//! - Pods that do not request the unified resource are not Kudos's business: filter echoes its
+//!   input and prioritize gives every node 0 (no opinion).
+//! - Rejected nodes go to `FailedNodes` with scheduler-core's reason; nodes where Kudos knows no
+//!   accelerators go to `FailedAndUnresolvableNodes` (preemption cannot fix that).
+//! - A gang's first evaluated member reserves slots for the whole gang (`place_gang`); while the
+//!   reservation lives, filter passes only nodes with open slots and prioritize scores them 10.
+//! - The exploration seed is a hash of the pod UID, so retries of a pod rank alike.
+//! - Every ranking is kept for `GET /explain/{namespace}/{pod}`.
+
+pub mod bind;
+pub mod ledger;
+pub mod types;
+
+use crate::index::SharedIndex;
+use crate::kobj::{self, NodeInfo, PodFacts};
+use crate::metrics::Metrics;
+use bind::Binder;
+use kudos_scheduler_core::{GangSpec, PodSpec, Ranking};
+use ledger::{Ledger, Reservation};
+use serde::Serialize;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use types::{
+    ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
+};
+
+const MAX_EXPLAINED: usize = 4096;
+
+/// What `GET /explain/{namespace}/{pod}` returns: the last ranking computed for the pod.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Explained {
+    /// Which verb computed it.
+    pub verb: &'static str,
+    /// Unix seconds.
+    pub computed_at: f64,
+    /// Exploration seed used.
+    pub seed: u64,
+    /// The ranking: per node prediction (seconds, log-sd uncertainty, source), review, good
+    /// rate, score, default score, merged score, rank; and rejected nodes with reasons.
+    pub ranking: Ranking,
+    /// The gang reservation in force, if the pod belongs to a gang.
+    pub gang_reservation: Option<Reservation>,
+    /// Nodes Kudos could not rank (no known accelerators), with reasons.
+    pub unknown_nodes: Vec<(String, String)>,
+}
+
+/// Rankings by `namespace/name`, and the keys in insertion order for eviction.
+type ExplainMap = (HashMap<String, Arc<Explained>>, VecDeque<String>);
+
+/// The last rankings, bounded (oldest evicted first).
+#[derive(Default)]
+pub struct ExplainCache {
+    inner: Mutex<ExplainMap>,
+}
+
+impl ExplainCache {
+    fn put(&self, key: String, e: Explained) {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if g.0.insert(key.clone(), Arc::new(e)).is_none() {
+            g.1.push_back(key);
+            while g.1.len() > MAX_EXPLAINED {
+                if let Some(old) = g.1.pop_front() {
+                    g.0.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// The last ranking of `namespace/pod`.
+    pub fn get(&self, namespace: &str, pod: &str) -> Option<Arc<Explained>> {
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        g.0.get(&format!("{namespace}/{pod}")).cloned()
+    }
+}
+
+/// Everything the extender reads.
+pub struct Extender {
+    /// The shared index (read only here).
+    pub index: SharedIndex,
+    /// Own binds and gang reservations.
+    pub ledger: Ledger,
+    /// Last rankings.
+    pub explain: ExplainCache,
+    /// Binds pods.
+    pub binder: Arc<dyn Binder>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Unified resource name.
+    pub unified: String,
+}
+
+/// The outcome of evaluating one pod against candidate nodes.
+struct Evaluation {
+    ranking: Ranking,
+    unknown: Vec<(String, String)>,
+    /// Open gang slots, when the pod is in a gang with a live reservation.
+    gang_open: Option<HashSet<String>>,
+    /// Why a gang could not be placed.
+    gang_error: Option<String>,
+}
+
+/// Current Unix time in seconds.
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn pod_spec(f: &PodFacts) -> PodSpec {
+    PodSpec {
+        namespace: f.namespace.clone(),
+        name: f.name.clone(),
+        class: f.class.clone(),
+        gpus: f.requests.gpus.min(u64::from(u32::MAX)) as u32,
+        cpu_milli: f.requests.cpu_milli,
+        memory_bytes: f.requests.memory_bytes,
+        work_units: f.work_units,
+        deadline_seconds: f.deadline_seconds,
+        gang: f.gang.as_ref().map(|(name, size)| GangSpec {
+            name: name.clone(),
+            size: *size,
+        }),
+    }
+}
+
+/// Candidate names in request order, from `NodeNames` or else `Nodes`.
+fn candidate_names(args: &ExtenderArgs) -> Vec<String> {
+    match (&args.node_names, &args.nodes) {
+        (Some(names), _) => names.clone(),
+        (None, Some(list)) => list
+            .items
+            .iter()
+            .filter_map(|n| n.metadata.name.clone())
+            .collect(),
+        (None, None) => Vec::new(),
+    }
+}
+
+impl Extender {
+    fn evaluate(
+        &self,
+        verb: &'static str,
+        args: &ExtenderArgs,
+        facts: &PodFacts,
+        names: &[String],
+    ) -> Evaluation {
+        let now = unix_now();
+        let from_request: HashMap<String, NodeInfo> = args
+            .nodes
+            .as_ref()
+            .map(|l| {
+                l.items
+                    .iter()
+                    .map(|n| kobj::node_info(n, &self.unified))
+                    .filter(|i| !i.name.is_empty())
+                    .map(|i| (i.name.clone(), i))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let spec = pod_spec(facts);
+        let seed = kobj::seed_of(if facts.uid.is_empty() {
+            &facts.name
+        } else {
+            &facts.uid
+        });
+        let gang_key = facts
+            .gang
+            .as_ref()
+            .map(|(g, _)| format!("{}/{g}", facts.namespace));
+        self.ledger
+            .saw(&facts.uid, facts.requests, gang_key.clone(), now);
+        let index = self.index.read().unwrap_or_else(|e| e.into_inner());
+        let assumed = self
+            .ledger
+            .assumed_by_node(|uid| index.knows_bound_pod(uid), now);
+        let (states, unknown) = index.node_states(
+            names.iter().map(String::as_str),
+            &from_request,
+            &assumed,
+            now,
+        );
+        let ranking = index.scheduler().rank(&spec, &states, now, seed);
+        let (mut gang_open, mut gang_error, mut reservation) = (None, None, None);
+        if let Some(key) = &gang_key {
+            let live = match self.ledger.reservation(key, now) {
+                Some(r) => Ok(r),
+                None => index
+                    .scheduler()
+                    .place_gang(&spec, &states, now, seed)
+                    .map(|p| self.ledger.reserve(key, p)),
+            };
+            match live {
+                Ok(r) => {
+                    gang_open = Some(r.open_nodes().map(str::to_owned).collect());
+                    reservation = Some(r);
+                }
+                Err(e) => gang_error = Some(format!("gang {key} cannot be placed now: {e}")),
+            }
+        }
+        drop(index);
+        self.explain.put(
+            format!("{}/{}", facts.namespace, facts.name),
+            Explained {
+                verb,
+                computed_at: now,
+                seed,
+                ranking: ranking.clone(),
+                gang_reservation: reservation,
+                unknown_nodes: unknown.clone(),
+            },
+        );
+        Evaluation {
+            ranking,
+            unknown,
+            gang_open,
+            gang_error,
+        }
+    }
+
+    /// `POST <prefix>/filter`.
+    pub fn filter(&self, args: ExtenderArgs) -> ExtenderFilterResult {
+        let Some(pod) = args.pod.as_ref() else {
+            return ExtenderFilterResult {
+                error: "request has no Pod".into(),
+                ..Default::default()
+            };
+        };
+        let facts = match kobj::pod_facts(pod, &self.unified) {
+            Ok(f) => f,
+            Err(e) => {
+                return ExtenderFilterResult {
+                    error: e.to_string(),
+                    ..Default::default()
+                };
+            }
+        };
+        if facts.requests.gpus == 0 {
+            return ExtenderFilterResult {
+                nodes: args.nodes,
+                node_names: args.node_names,
+                ..Default::default()
+            };
+        }
+        let names = candidate_names(&args);
+        let span = tracing::debug_span!("filter", pod = %format!("{}/{}", facts.namespace, facts.name), class = facts.class.as_deref().unwrap_or(""), nodes = names.len());
+        let _g = span.enter();
+        let ev = self.evaluate("filter", &args, &facts, &names);
+        let mut failed: std::collections::BTreeMap<String, String> = ev
+            .ranking
+            .rejected
+            .iter()
+            .map(|r| (r.node.clone(), r.reason.clone()))
+            .collect();
+        // No accelerators known: preemption cannot help, so kube-scheduler should not try.
+        let unresolvable: std::collections::BTreeMap<String, String> =
+            ev.unknown.into_iter().collect();
+        let mut passed: HashSet<&str> =
+            ev.ranking.entries.iter().map(|e| e.node.as_str()).collect();
+        if let Some(err) = &ev.gang_error {
+            for n in passed.drain() {
+                failed.insert(n.to_owned(), err.clone());
+            }
+        } else if let Some(open) = &ev.gang_open {
+            passed.retain(|n| {
+                let keep = open.contains(*n);
+                if !keep {
+                    failed.insert(
+                        (*n).to_owned(),
+                        format!(
+                            "gang {} holds its reserved slots on other nodes",
+                            facts.gang.as_ref().map_or("", |g| g.0.as_str())
+                        ),
+                    );
+                }
+                keep
+            });
+        }
+        for n in &names {
+            if !passed.contains(n.as_str())
+                && !failed.contains_key(n)
+                && !unresolvable.contains_key(n)
+            {
+                failed.insert(n.clone(), "not ranked by Kudos".into());
+            }
+        }
+        tracing::debug!(passed = passed.len(), failed = failed.len(), "filtered");
+        let keep = |n: &str| passed.contains(n);
+        let (nodes, node_names) = match (args.node_names, args.nodes) {
+            (Some(ns), nodes) => (
+                nodes.map(|mut l| {
+                    l.items
+                        .retain(|n| n.metadata.name.as_deref().is_some_and(keep));
+                    l
+                }),
+                Some(ns.into_iter().filter(|n| keep(n)).collect()),
+            ),
+            (None, Some(mut l)) => {
+                l.items
+                    .retain(|n| n.metadata.name.as_deref().is_some_and(keep));
+                (Some(l), None)
+            }
+            (None, None) => (None, None),
+        };
+        ExtenderFilterResult {
+            nodes,
+            node_names,
+            failed_nodes: failed,
+            failed_and_unresolvable_nodes: unresolvable,
+            ..Default::default()
+        }
+    }
+
+    /// `POST <prefix>/prioritize`. Errors are only for requests without a pod.
+    pub fn prioritize(&self, args: ExtenderArgs) -> Result<Vec<HostPriority>, String> {
+        let pod = args.pod.as_ref().ok_or("request has no Pod")?;
+        let facts = kobj::pod_facts(pod, &self.unified).map_err(|e| e.to_string())?;
+        let names = candidate_names(&args);
+        if facts.requests.gpus == 0 {
+            return Ok(names
+                .into_iter()
+                .map(|host| HostPriority { host, score: 0 })
+                .collect());
+        }
+        let span = tracing::debug_span!("prioritize", pod = %format!("{}/{}", facts.namespace, facts.name), class = facts.class.as_deref().unwrap_or(""), nodes = names.len());
+        let _g = span.enter();
+        let ev = self.evaluate("prioritize", &args, &facts, &names);
+        let scores: HashMap<&str, u8> = ev
+            .ranking
+            .entries
+            .iter()
+            .map(|e| (e.node.as_str(), e.score))
+            .collect();
+        Ok(names
+            .iter()
+            .map(|n| {
+                let base = i64::from(scores.get(n.as_str()).copied().unwrap_or(0).min(10));
+                let score = match &ev.gang_open {
+                    Some(open) if open.contains(n) => 10,
+                    Some(_) => 0,
+                    None => base,
+                };
+                HostPriority {
+                    host: n.clone(),
+                    score,
+                }
+            })
+            .collect())
+    }
+
+    /// `POST <prefix>/bind`.
+    pub async fn bind(&self, args: ExtenderBindingArgs) -> ExtenderBindingResult {
+        let (Some(ns), Some(name), Some(node)) = (
+            args.pod_namespace.filter(|s| !s.is_empty()),
+            args.pod_name.filter(|s| !s.is_empty()),
+            args.node.filter(|s| !s.is_empty()),
+        ) else {
+            return ExtenderBindingResult {
+                error: "bind needs PodNamespace, PodName and Node".into(),
+            };
+        };
+        let uid = args.pod_uid.unwrap_or_default();
+        match self.binder.bind(&ns, &name, &uid, &node).await {
+            Ok(()) => {
+                let gang = self.ledger.bound(&uid, &node, unix_now());
+                tracing::info!(pod = %format!("{ns}/{name}"), node, gang = gang.as_deref().unwrap_or(""), "bound");
+                ExtenderBindingResult::default()
+            }
+            Err(e) => {
+                tracing::warn!(pod = %format!("{ns}/{name}"), node, error = %e, "bind failed");
+                ExtenderBindingResult {
+                    error: e.to_string(),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,414 @@
+//! The one index of cluster and model state.
+//!
+//! ```text
+//!  Node watch ─┐                         ┌─> extender (filter/prioritize)   read
+//!  Pod watch  ─┤  write   ┌───────────┐  ├─> /explain, /state, /readyz      read
+//!  Registry   ─┼────────> │   Index   │ ─┤
+//!  Telemetry  ─┘          └───────────┘  └─> model snapshots               read
+//! ```
+//!
+//! Watchers and ingestion (registry, heartbeats, accepted runs) are the only writers; every
+//! server handler takes a read lock, copies what it needs into `NodeState`s and lets go. No
+//! handler reaches the API server from here, so the extender answers from memory in
+//! microseconds.
+//!
+//! Free devices are allocatable minus what bound pods request, from a Pod watch: it is the
+//! only source that also sees pods bound by other schedulers, pods that ended, and everything
+//! that happened while this process was down. Binds this process made but the watch has not
+//! shown yet are added by the extender from its own ledger (see [`crate::extender::Ledger`]).
+
+use crate::kobj::{NodeInfo, PodFacts, Requests};
+use crate::state::{PluginConfig, ProfileRecord, RunOutcome, StoredRun};
+use kudos_scheduler_core::{
+    DeviceProfile, Feedback, ModelState, NodeHealth, NodeState, RunObservation, Scheduler,
+    SchedulerConfig,
+};
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+
+/// The index behind a lock: writers are the watchers and ingestion, everyone else reads.
+pub type SharedIndex = Arc<RwLock<Index>>;
+
+/// CPU/memory assumed for a node known only from a plugin report (no `Node` object): large,
+/// so Kudos does not reject it; kube-scheduler's own resource fit has the real numbers.
+const UNKNOWN_CPU_MILLI: u64 = 1 << 40;
+const UNKNOWN_MEMORY_BYTES: u64 = 1 << 60;
+
+/// Last heartbeat of a node agent.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeartbeatInfo {
+    /// Unix seconds when received.
+    pub at: f64,
+    /// Agent version.
+    pub agent_version: String,
+    /// Reports waiting in the agent's outbox.
+    pub outbox_depth: u64,
+    /// Devices sampled successfully.
+    pub healthy_devices: u32,
+    /// Devices in total.
+    pub total_devices: u32,
+}
+
+/// Cluster and model state. See the module docs for who writes it.
+pub struct Index {
+    unified: String,
+    heartbeat_max_age: f64,
+    nodes: HashMap<String, NodeInfo>,
+    pods: HashMap<String, (String, Requests)>,
+    used: HashMap<String, Requests>,
+    plugin_config: PluginConfig,
+    device_health: HashMap<String, BTreeMap<String, (u32, u32)>>,
+    heartbeats: HashMap<String, HeartbeatInfo>,
+    scheduler: Scheduler,
+    applied_seq: u64,
+    nodes_synced: bool,
+    pods_synced: bool,
+}
+
+/// Why a node could not be turned into a `NodeState`.
+pub type Unknown = (String, String);
+
+impl Index {
+    /// An empty index. `cluster` = false (standalone) counts nodes and pods as synced.
+    pub fn new(unified: &str, heartbeat_max_age: f64, scheduler: Scheduler, cluster: bool) -> Self {
+        Self {
+            unified: unified.to_owned(),
+            heartbeat_max_age,
+            nodes: HashMap::new(),
+            pods: HashMap::new(),
+            used: HashMap::new(),
+            plugin_config: PluginConfig {
+                unified_resource_name: unified.to_owned(),
+                ..Default::default()
+            },
+            device_health: HashMap::new(),
+            heartbeats: HashMap::new(),
+            scheduler,
+            applied_seq: 0,
+            nodes_synced: !cluster,
+            pods_synced: !cluster,
+        }
+    }
+
+    /// The unified resource name.
+    pub fn unified(&self) -> &str {
+        &self.unified
+    }
+
+    // === writers: watchers ===
+
+    /// Adds or replaces a node.
+    pub fn apply_node(&mut self, info: NodeInfo) {
+        self.nodes.insert(info.name.clone(), info);
+    }
+
+    /// Nodes from the Node watch.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Removes a node.
+    pub fn delete_node(&mut self, name: &str) {
+        self.nodes.remove(name);
+    }
+
+    /// Replaces all nodes (after a watch restart) and marks nodes synced.
+    pub fn reset_nodes(&mut self, nodes: Vec<NodeInfo>) {
+        self.nodes = nodes.into_iter().map(|n| (n.name.clone(), n)).collect();
+        self.nodes_synced = true;
+    }
+
+    /// Adds, replaces or (when ended or unbound) removes a pod's resource use.
+    pub fn apply_pod(&mut self, pod: &PodFacts) {
+        let key = pod_key(pod);
+        self.remove_pod(&key);
+        if let (Some(node), false) = (&pod.node_name, pod.terminated) {
+            self.used.entry(node.clone()).or_default().add(pod.requests);
+            self.pods.insert(key, (node.clone(), pod.requests));
+        }
+    }
+
+    /// Removes a pod.
+    pub fn delete_pod(&mut self, pod: &PodFacts) {
+        self.remove_pod(&pod_key(pod));
+    }
+
+    fn remove_pod(&mut self, key: &str) {
+        if let Some((node, r)) = self.pods.remove(key)
+            && let Some(u) = self.used.get_mut(&node)
+        {
+            u.sub(r);
+        }
+    }
+
+    /// Replaces all pods and marks pods synced.
+    pub fn reset_pods(&mut self, pods: &[PodFacts]) {
+        self.pods.clear();
+        self.used.clear();
+        for p in pods {
+            self.apply_pod(p);
+        }
+        self.pods_synced = true;
+    }
+
+    /// Whether the pod (by UID) is known to the Pod watch as bound.
+    pub fn knows_bound_pod(&self, uid: &str) -> bool {
+        self.pods.contains_key(uid)
+    }
+
+    /// Ready to answer the extender: node (and pod) lists synced at least once.
+    pub fn ready(&self) -> bool {
+        self.nodes_synced && self.pods_synced
+    }
+
+    // === writers: ingestion ===
+
+    /// Records the device health a plugin reported: `(healthy, total)` for one vendor.
+    pub fn set_device_health(&mut self, node: &str, vendor: &str, health: (u32, u32)) {
+        self.device_health
+            .entry(node.to_owned())
+            .or_default()
+            .insert(vendor.to_owned(), health);
+    }
+
+    /// Replaces the plugin configuration (at start, and after the registry persisted a change).
+    pub fn set_plugin_config(&mut self, cfg: PluginConfig) {
+        self.plugin_config = cfg;
+    }
+
+    /// Records a heartbeat.
+    pub fn heartbeat(&mut self, node: &str, hb: HeartbeatInfo) {
+        self.heartbeats.insert(node.to_owned(), hb);
+    }
+
+    /// Feeds an accepted, stored run to the model, in `seq` order. Returns the feedback when
+    /// the run was observed; unobservable runs only advance `applied_seq`.
+    pub fn apply_run(&mut self, run: &StoredRun) -> Result<Option<Feedback>, String> {
+        self.applied_seq = self.applied_seq.max(run.seq);
+        let (true, Some(p)) = (run.observable(), run.profile.as_ref()) else {
+            return Ok(None);
+        };
+        let obs = RunObservation {
+            node: run.node.clone(),
+            class: run.class.clone(),
+            profile: to_profile(p),
+            gpus: run.device_ids.len().max(1) as u32,
+            start: run.start,
+            end: run.end,
+            completed: run.outcome == RunOutcome::Completed,
+            progress: run.progress,
+            gpu_busy_seconds: (run.gpu_busy_seconds > 0.0).then_some(run.gpu_busy_seconds),
+            work_units: run.work_done,
+        };
+        let fb = self
+            .scheduler
+            .observe(&obs, run.received_at)
+            .map_err(|e| e.to_string())?;
+        Ok(Some(fb))
+    }
+
+    // === readers ===
+
+    /// The scheduler (for `rank` / `place_gang` under a read lock).
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+
+    /// The plugin configuration.
+    pub fn plugin_config(&self) -> &PluginConfig {
+        &self.plugin_config
+    }
+
+    /// Highest run `seq` the model includes.
+    pub fn applied_seq(&self) -> u64 {
+        self.applied_seq
+    }
+
+    /// Model snapshot as JSON with the `seq` it includes.
+    pub fn model_snapshot(&self) -> Result<(Vec<u8>, u64), serde_json::Error> {
+        Ok((
+            serde_json::to_vec(self.scheduler.state())?,
+            self.applied_seq,
+        ))
+    }
+
+    /// The device profile of a node: the plugin's report first (it saw the devices), else the
+    /// node's `kudos.dev/gpu-*` labels.
+    pub fn profile(&self, node: &str) -> Option<ProfileRecord> {
+        self.plugin_config
+            .profile(node)
+            .or_else(|| self.nodes.get(node).and_then(|n| n.label_profile.clone()))
+    }
+
+    /// Builds ranking input for `names`. `from_request` holds nodes kube-scheduler sent in
+    /// full (`Nodes` form), which win over the index (they are at least as fresh); `assumed`
+    /// are devices/cpu/memory of binds not yet seen by the Pod watch. Nodes Kudos knows
+    /// nothing about come back in the second list with a reason.
+    pub fn node_states<'a>(
+        &self,
+        names: impl IntoIterator<Item = &'a str>,
+        from_request: &HashMap<String, NodeInfo>,
+        assumed: &HashMap<String, Requests>,
+        now: f64,
+    ) -> (Vec<NodeState>, Vec<Unknown>) {
+        let mut states = Vec::new();
+        let mut unknown = Vec::new();
+        for name in names {
+            let info = from_request.get(name).or_else(|| self.nodes.get(name));
+            let Some(profile) = self
+                .plugin_config
+                .profile(name)
+                .or_else(|| info.and_then(|i| i.label_profile.clone()))
+            else {
+                unknown.push((
+                    name.to_owned(),
+                    format!(
+                        "Kudos knows no accelerators on this node: no kudos-device-plugin report and no {} label; \
+                         check that the device plugin runs there",
+                        crate::kobj::LABEL_VENDOR
+                    ),
+                ));
+                continue;
+            };
+            let mut used = self.used.get(name).copied().unwrap_or_default();
+            if let Some(a) = assumed.get(name) {
+                used.add(*a);
+            }
+            let allocatable = info
+                .and_then(|i| i.gpu_allocatable)
+                .map(u64::from)
+                .unwrap_or_else(|| u64::from(self.healthy_devices(name).unwrap_or(profile.count)));
+            let health = self.health(name, info, now);
+            states.push(NodeState {
+                name: name.to_owned(),
+                profile: to_profile(&profile),
+                free_devices: allocatable
+                    .saturating_sub(used.gpus)
+                    .min(u64::from(u32::MAX)) as u32,
+                cpu_allocatable_milli: info.map_or(UNKNOWN_CPU_MILLI, |i| i.cpu_allocatable_milli),
+                cpu_requested_milli: used.cpu_milli,
+                memory_allocatable_bytes: info
+                    .map_or(UNKNOWN_MEMORY_BYTES, |i| i.memory_allocatable_bytes),
+                memory_requested_bytes: used.memory_bytes,
+                health,
+            });
+        }
+        (states, unknown)
+    }
+
+    fn healthy_devices(&self, node: &str) -> Option<u32> {
+        self.device_health
+            .get(node)
+            .map(|m| m.values().map(|(h, _)| h).sum())
+    }
+
+    fn health(&self, node: &str, info: Option<&NodeInfo>, now: f64) -> NodeHealth {
+        if let Some(Err(reason)) = info.map(|i| &i.ready) {
+            return NodeHealth::Unhealthy {
+                reason: reason.clone(),
+            };
+        }
+        if let Some(m) = self.device_health.get(node) {
+            let (h, t) = m.values().fold((0, 0), |(a, b), (h, t)| (a + h, b + t));
+            if t > 0 && h == 0 {
+                return NodeHealth::Unhealthy {
+                    reason: format!("the device plugin reports all {t} devices unhealthy"),
+                };
+            }
+        }
+        if let Some(hb) = self.heartbeats.get(node) {
+            let age = now - hb.at;
+            if age > self.heartbeat_max_age {
+                return NodeHealth::Stale { age_seconds: age };
+            }
+        }
+        NodeHealth::Healthy
+    }
+
+    /// A serialisable view for `GET /state`.
+    pub fn view(&self, now: f64) -> StateView {
+        let mut names: Vec<&str> = self
+            .nodes
+            .keys()
+            .chain(self.plugin_config.nodes.keys())
+            .map(String::as_str)
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        let (nodes, unknown) = self.node_states(names, &HashMap::new(), &HashMap::new(), now);
+        StateView {
+            plugin_config: self.plugin_config.clone(),
+            nodes,
+            nodes_without_accelerators: unknown.into_iter().map(|(n, _)| n).collect(),
+            heartbeats: self
+                .heartbeats
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            model: ModelSummary {
+                applied_seq: self.applied_seq,
+                state: self.scheduler.state().clone(),
+            },
+            ready: self.ready(),
+        }
+    }
+}
+
+fn pod_key(pod: &PodFacts) -> String {
+    if pod.uid.is_empty() {
+        format!("{}/{}", pod.namespace, pod.name)
+    } else {
+        pod.uid.clone()
+    }
+}
+
+/// Converts a persisted profile to scheduler-core's.
+pub fn to_profile(p: &ProfileRecord) -> DeviceProfile {
+    DeviceProfile {
+        vendor: p.vendor.clone(),
+        model: p.model.clone(),
+        count: p.count,
+        memory_bytes: p.memory_bytes,
+    }
+}
+
+/// Builds the scheduler from config and an optional snapshot.
+pub fn scheduler_from(
+    config: SchedulerConfig,
+    snapshot: Option<&[u8]>,
+) -> Result<Scheduler, serde_json::Error> {
+    Ok(match snapshot {
+        Some(bytes) => Scheduler::with_state(config, serde_json::from_slice::<ModelState>(bytes)?),
+        None => Scheduler::new(config),
+    })
+}
+
+/// `GET /state`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StateView {
+    /// Plugin configuration as persisted.
+    pub plugin_config: PluginConfig,
+    /// Every known node as the extender would rank it now (without in-flight binds).
+    pub nodes: Vec<NodeState>,
+    /// Nodes with a `Node` object but no known accelerators.
+    pub nodes_without_accelerators: Vec<String>,
+    /// Agent heartbeats.
+    pub heartbeats: BTreeMap<String, HeartbeatInfo>,
+    /// Model.
+    pub model: ModelSummary,
+    /// `/readyz` value.
+    pub ready: bool,
+}
+
+/// The model part of `GET /state`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelSummary {
+    /// Highest run `seq` included.
+    pub applied_seq: u64,
+    /// The full model state.
+    pub state: ModelState,
+}

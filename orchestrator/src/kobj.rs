@@ -1,0 +1,294 @@
+//! Reading Kubernetes objects: what Kudos needs from a `Node` and a `Pod`.
+//!
+//! Pure functions over k8s-openapi types, shared by the watchers (which write the index) and
+//! the extender (which reads pods from kube-scheduler's requests), so both agree on labels,
+//! annotations and resource arithmetic.
+
+use crate::quantity;
+use crate::state::ProfileRecord;
+use k8s_openapi::api::core::v1::{Container, Node, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use std::collections::BTreeMap;
+
+/// Pod label naming the algorithm class.
+pub const LABEL_CLASS: &str = "kudos.dev/class";
+/// Pod annotation: work units of the class this pod does.
+pub const ANN_WORK: &str = "kudos.dev/work";
+/// Pod annotation: deadline in seconds (the review threshold).
+pub const ANN_DEADLINE: &str = "kudos.dev/deadline-seconds";
+/// Pod annotation: gang name.
+pub const ANN_GANG_NAME: &str = "kudos.dev/gang-name";
+/// Pod annotation: gang size.
+pub const ANN_GANG_SIZE: &str = "kudos.dev/gang-size";
+/// Node label: GPU vendor key.
+pub const LABEL_VENDOR: &str = "kudos.dev/gpu-vendor";
+/// Node label: GPU model.
+pub const LABEL_MODEL: &str = "kudos.dev/gpu-model";
+/// Node label: memory per GPU in bytes.
+pub const LABEL_MEMORY: &str = "kudos.dev/gpu-memory-bytes";
+
+/// A pod annotation Kudos could not use.
+#[derive(Debug, thiserror::Error)]
+#[error("annotation {key}={value:?} on pod {pod}: {expected}")]
+pub struct PodError {
+    /// Pod `namespace/name`.
+    pub pod: String,
+    /// Annotation key.
+    pub key: &'static str,
+    /// Value found.
+    pub value: String,
+    /// What was expected.
+    pub expected: &'static str,
+}
+
+/// What Kudos knows about a node from its `Node` object.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeInfo {
+    /// Node name.
+    pub name: String,
+    /// Profile from `kudos.dev/gpu-*` labels, when the vendor and model labels are set.
+    pub label_profile: Option<ProfileRecord>,
+    /// Allocatable devices of the unified resource; `None` when not advertised.
+    pub gpu_allocatable: Option<u32>,
+    /// Allocatable CPU, millicores.
+    pub cpu_allocatable_milli: u64,
+    /// Allocatable memory, bytes.
+    pub memory_allocatable_bytes: u64,
+    /// `Ok` when the Ready condition is True, else the reason.
+    pub ready: Result<(), String>,
+}
+
+/// Resources a pod holds on its node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Requests {
+    /// Devices of the unified resource.
+    pub gpus: u64,
+    /// CPU, millicores.
+    pub cpu_milli: u64,
+    /// Memory, bytes.
+    pub memory_bytes: u64,
+}
+
+impl Requests {
+    /// Adds `other`.
+    pub fn add(&mut self, other: Requests) {
+        self.gpus += other.gpus;
+        self.cpu_milli += other.cpu_milli;
+        self.memory_bytes += other.memory_bytes;
+    }
+    /// Subtracts `other`, saturating.
+    pub fn sub(&mut self, other: Requests) {
+        self.gpus = self.gpus.saturating_sub(other.gpus);
+        self.cpu_milli = self.cpu_milli.saturating_sub(other.cpu_milli);
+        self.memory_bytes = self.memory_bytes.saturating_sub(other.memory_bytes);
+    }
+}
+
+/// The scheduling-relevant facts of a pod, parsed once.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodFacts {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID (empty when absent).
+    pub uid: String,
+    /// Node it is bound to, if any.
+    pub node_name: Option<String>,
+    /// Class label.
+    pub class: Option<String>,
+    /// Resource requests.
+    pub requests: Requests,
+    /// Declared work units.
+    pub work_units: Option<f64>,
+    /// Deadline, seconds.
+    pub deadline_seconds: Option<f64>,
+    /// Gang name and size.
+    pub gang: Option<(String, u32)>,
+    /// Whether it ended (Succeeded/Failed): holds no resources.
+    pub terminated: bool,
+}
+
+/// Reads a node. `unified` is the unified resource name.
+pub fn node_info(node: &Node, unified: &str) -> NodeInfo {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let labels = node.metadata.labels.as_ref();
+    let label = |k: &str| labels.and_then(|l| l.get(k)).filter(|v| !v.is_empty());
+    let allocatable = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+    let get = |k: &str| allocatable.and_then(|a| a.get(k)).map(|q| q.0.as_str());
+    let gpu_allocatable = get(unified)
+        .and_then(quantity::units)
+        .map(|v| v.min(u64::from(u32::MAX)) as u32);
+    let label_profile = match (label(LABEL_VENDOR), label(LABEL_MODEL)) {
+        (Some(vendor), Some(model)) => Some(ProfileRecord {
+            vendor: vendor.clone(),
+            model: model.clone(),
+            count: gpu_allocatable.unwrap_or(0),
+            memory_bytes: label(LABEL_MEMORY)
+                .and_then(|v| quantity::units(v))
+                .unwrap_or(0),
+        }),
+        _ => None,
+    };
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .map_or(Err("node has no Ready condition yet".to_owned()), |c| {
+            if c.status == "True" {
+                Ok(())
+            } else {
+                Err(format!(
+                    "node is not Ready ({}: {})",
+                    c.reason.as_deref().unwrap_or("no reason"),
+                    c.message.as_deref().unwrap_or("")
+                ))
+            }
+        });
+    NodeInfo {
+        name,
+        label_profile,
+        gpu_allocatable,
+        cpu_allocatable_milli: get("cpu").and_then(quantity::milli).unwrap_or(0),
+        memory_allocatable_bytes: get("memory").and_then(quantity::units).unwrap_or(0),
+        ready,
+    }
+}
+
+fn container_requests(c: &Container, unified: &str) -> Requests {
+    let res = c.resources.as_ref();
+    let pick = |k: &str| -> Option<&Quantity> {
+        res.and_then(|r| r.requests.as_ref().and_then(|m| m.get(k)))
+            .or_else(|| res.and_then(|r| r.limits.as_ref().and_then(|m| m.get(k))))
+    };
+    Requests {
+        gpus: pick(unified)
+            .and_then(|q| quantity::units(&q.0))
+            .unwrap_or(0),
+        cpu_milli: pick("cpu").and_then(|q| quantity::milli(&q.0)).unwrap_or(0),
+        memory_bytes: pick("memory")
+            .and_then(|q| quantity::units(&q.0))
+            .unwrap_or(0),
+    }
+}
+
+/// Effective requests as kube-scheduler computes them: the sum over containers, at least the
+/// largest init container, plus pod overhead.
+pub fn pod_requests(pod: &Pod, unified: &str) -> Requests {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Requests::default();
+    };
+    let mut sum = Requests::default();
+    for c in &spec.containers {
+        sum.add(container_requests(c, unified));
+    }
+    for c in spec.init_containers.iter().flatten() {
+        let r = container_requests(c, unified);
+        sum.gpus = sum.gpus.max(r.gpus);
+        sum.cpu_milli = sum.cpu_milli.max(r.cpu_milli);
+        sum.memory_bytes = sum.memory_bytes.max(r.memory_bytes);
+    }
+    if let Some(o) = spec.overhead.as_ref() {
+        sum.cpu_milli += o
+            .get("cpu")
+            .and_then(|q| quantity::milli(&q.0))
+            .unwrap_or(0);
+        sum.memory_bytes += o
+            .get("memory")
+            .and_then(|q| quantity::units(&q.0))
+            .unwrap_or(0);
+    }
+    sum
+}
+
+fn positive(
+    pod: &str,
+    ann: &BTreeMap<String, String>,
+    key: &'static str,
+) -> Result<Option<f64>, PodError> {
+    match ann.get(key) {
+        None => Ok(None),
+        Some(v) => match v.trim().parse::<f64>() {
+            Ok(x) if x.is_finite() && x > 0.0 => Ok(Some(x)),
+            _ => Err(PodError {
+                pod: pod.to_owned(),
+                key,
+                value: v.clone(),
+                expected: "a positive number",
+            }),
+        },
+    }
+}
+
+/// Reads a pod; fails only on malformed Kudos annotations, which the user must fix.
+pub fn pod_facts(pod: &Pod, unified: &str) -> Result<PodFacts, PodError> {
+    let namespace = pod
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let id = format!("{namespace}/{name}");
+    let empty = BTreeMap::new();
+    let ann = pod.metadata.annotations.as_ref().unwrap_or(&empty);
+    let gang = match (ann.get(ANN_GANG_NAME), ann.get(ANN_GANG_SIZE)) {
+        (None, None) => None,
+        (Some(g), size) => {
+            let size = match size {
+                None => 1,
+                Some(s) => match s.trim().parse::<u32>() {
+                    Ok(n) if n >= 1 => n,
+                    _ => {
+                        return Err(PodError {
+                            pod: id,
+                            key: ANN_GANG_SIZE,
+                            value: s.clone(),
+                            expected: "a positive integer",
+                        });
+                    }
+                },
+            };
+            Some((g.clone(), size))
+        }
+        (None, Some(s)) => {
+            return Err(PodError {
+                pod: id,
+                key: ANN_GANG_SIZE,
+                value: s.clone(),
+                expected: "set together with kudos.dev/gang-name",
+            });
+        }
+    };
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    Ok(PodFacts {
+        class: pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_CLASS))
+            .filter(|c| !c.is_empty())
+            .cloned(),
+        work_units: positive(&id, ann, ANN_WORK)?,
+        deadline_seconds: positive(&id, ann, ANN_DEADLINE)?,
+        gang,
+        requests: pod_requests(pod, unified),
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        node_name: pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty()),
+        terminated: matches!(phase, Some("Succeeded" | "Failed")),
+        namespace,
+        name,
+    })
+}
+
+/// A stable 64-bit FNV-1a hash: the exploration seed of a pod is the hash of its UID, so
+/// kube-scheduler's retries of one pod see the same ranking.
+pub fn seed_of(uid: &str) -> u64 {
+    uid.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}

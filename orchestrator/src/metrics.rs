@@ -1,0 +1,141 @@
+//! Prometheus metrics (prometheus-client, OpenMetrics text on `GET /metrics`), base units only.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Label set `{verb}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerbLabels {
+    /// `filter`, `prioritize`, `bind`.
+    pub verb: &'static str,
+}
+
+/// Label set `{verb, outcome}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// Verb or RPC.
+    pub verb: &'static str,
+    /// `ok`, `error`, or a gRPC code / ack status.
+    pub outcome: &'static str,
+}
+
+/// All metrics of the process.
+pub struct Metrics {
+    registry: Registry,
+    /// Extender request latency.
+    pub extender_duration: Family<VerbLabels, Histogram>,
+    /// Extender requests by outcome.
+    pub extender_requests: Family<OutcomeLabels, Counter>,
+    /// gRPC calls / reports by outcome.
+    pub grpc: Family<OutcomeLabels, Counter>,
+    /// Durable append latency (the wait before an ack).
+    pub store_append_duration: Histogram,
+    /// Plugin configuration generation.
+    pub plugin_generation: Gauge,
+    /// Nodes in the index (from the Node watch).
+    pub nodes: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers everything under the `kudos_orchestrator` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("kudos_orchestrator");
+        let extender_duration = Family::<VerbLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
+        });
+        registry.register(
+            "extender_request_duration_seconds",
+            "Time to answer a kube-scheduler extender call",
+            extender_duration.clone(),
+        );
+        let extender_requests = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "extender_requests",
+            "Extender calls by verb and outcome",
+            extender_requests.clone(),
+        );
+        let grpc = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "grpc_events",
+            "gRPC calls and run reports by method and outcome",
+            grpc.clone(),
+        );
+        let store_append_duration = Histogram::new(exponential_buckets(0.000_1, 2.0, 16));
+        registry.register(
+            "store_append_duration_seconds",
+            "Time to durably store one run report",
+            store_append_duration.clone(),
+        );
+        let plugin_generation = Gauge::default();
+        registry.register(
+            "plugin_config_generation",
+            "Current plugin configuration generation",
+            plugin_generation.clone(),
+        );
+        let nodes = Gauge::default();
+        registry.register("index_nodes", "Nodes in the index", nodes.clone());
+        Self {
+            registry,
+            extender_duration,
+            extender_requests,
+            grpc,
+            store_append_duration,
+            plugin_generation,
+            nodes,
+        }
+    }
+
+    /// Counts a gRPC event.
+    pub fn grpc_event(&self, verb: &'static str, outcome: &'static str) {
+        self.grpc
+            .get_or_create(&OutcomeLabels { verb, outcome })
+            .inc();
+    }
+
+    /// OpenMetrics text (what Prometheus asks for with `Accept: application/openmetrics-text`).
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+
+    /// Prometheus text format 0.0.4, for scrapers and tools (promtool) that do not speak
+    /// OpenMetrics: the same samples, with counter metadata named after the `_total` sample
+    /// and no `# EOF`.
+    pub fn encode_prometheus_text(&self) -> Result<String, std::fmt::Error> {
+        let om = self.encode()?;
+        let counters: std::collections::HashSet<&str> = om
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+            .collect();
+        let mut out = String::with_capacity(om.len());
+        for line in om.lines() {
+            if line == "# EOF" {
+                continue;
+            }
+            let meta = ["# HELP ", "# TYPE "].into_iter().find_map(|p| {
+                let rest = line.strip_prefix(p)?;
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                counters
+                    .contains(name)
+                    .then(|| format!("{p}{name}_total {tail}"))
+            });
+            match meta {
+                Some(m) => out.push_str(m.trim_end()),
+                None => out.push_str(line),
+            }
+            out.push('\n');
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,95 @@
+//! Node and Pod watches: the cluster half of the index's writers.
+//!
+//! Each uses kube-runtime's `watcher` with the default backoff and applies events to the index
+//! directly (the index is the store; no second cache). A watch restart (`Init` … `InitDone`)
+//! buffers the full list and swaps it in at once, and the first `InitDone` of both watches
+//! marks the index ready (`/readyz`). Pods are watched only when assigned
+//! (`spec.nodeName!=`), which is all the free-device accounting needs.
+
+use crate::index::SharedIndex;
+use crate::kobj;
+use crate::metrics::Metrics;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use std::sync::Arc;
+use tracing::Instrument;
+
+/// Spawns both watches; they run until the process ends.
+pub fn spawn(client: kube::Client, index: SharedIndex, metrics: Arc<Metrics>, unified: String) {
+    let nodes: kube::Api<Node> = kube::Api::all(client.clone());
+    let idx = index.clone();
+    let uni = unified.clone();
+    tokio::spawn(
+        async move {
+            let mut buf = Vec::new();
+            let mut stream = watcher::watcher(nodes, watcher::Config::default())
+                .default_backoff()
+                .boxed();
+            while let Some(ev) = stream.next().await {
+                let Ok(mut index) = idx.write() else { break };
+                match ev {
+                    Ok(Event::Apply(n)) => index.apply_node(kobj::node_info(&n, &uni)),
+                    Ok(Event::Delete(n)) => {
+                        index.delete_node(n.metadata.name.as_deref().unwrap_or(""))
+                    }
+                    Ok(Event::Init) => buf.clear(),
+                    Ok(Event::InitApply(n)) => buf.push(kobj::node_info(&n, &uni)),
+                    Ok(Event::InitDone) => {
+                        let n = buf.len();
+                        index.reset_nodes(std::mem::take(&mut buf));
+                        tracing::info!(nodes = n, "node list synced");
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "node watch failed; retrying with backoff")
+                    }
+                }
+                metrics.nodes.set(index.node_count() as i64);
+            }
+        }
+        .instrument(tracing::info_span!("node_watch")),
+    );
+    let pods: kube::Api<Pod> = kube::Api::all(client);
+    tokio::spawn(
+        async move {
+            let mut buf = Vec::new();
+            let cfg = watcher::Config::default().fields("spec.nodeName!=");
+            let mut stream = watcher::watcher(pods, cfg).default_backoff().boxed();
+            while let Some(ev) = stream.next().await {
+                let facts =
+                    |p: &Pod| kobj::pod_facts(p, &unified).unwrap_or_else(|_| lenient(p, &unified));
+                let Ok(mut index) = index.write() else { break };
+                match ev {
+                    Ok(Event::Apply(p)) => index.apply_pod(&facts(&p)),
+                    Ok(Event::Delete(p)) => index.delete_pod(&facts(&p)),
+                    Ok(Event::Init) => buf.clear(),
+                    Ok(Event::InitApply(p)) => buf.push(facts(&p)),
+                    Ok(Event::InitDone) => {
+                        index.reset_pods(&buf);
+                        tracing::info!(pods = buf.len(), "pod list synced");
+                        buf.clear();
+                    }
+                    Err(e) => tracing::warn!(error = %e, "pod watch failed; retrying with backoff"),
+                }
+            }
+        }
+        .instrument(tracing::info_span!("pod_watch")),
+    );
+}
+
+/// Resource use of a pod whose Kudos annotations are malformed: still counts on its node.
+fn lenient(p: &Pod, unified: &str) -> kobj::PodFacts {
+    kobj::PodFacts {
+        namespace: p.metadata.namespace.clone().unwrap_or_default(),
+        name: p.metadata.name.clone().unwrap_or_default(),
+        uid: p.metadata.uid.clone().unwrap_or_default(),
+        node_name: p.spec.as_ref().and_then(|s| s.node_name.clone()),
+        requests: kobj::pod_requests(p, unified),
+        terminated: matches!(
+            p.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        ),
+        ..Default::default()
+    }
+}

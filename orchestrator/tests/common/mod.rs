@@ -1,0 +1,116 @@
+//! Fixtures shared by the integration tests: an index with a few nodes, the HTTP app over it,
+//! and pod JSON builders.
+#![allow(dead_code)]
+
+use kudos_orchestrator::extender::bind::LocalBinder;
+use kudos_orchestrator::extender::ledger::Ledger;
+use kudos_orchestrator::extender::{ExplainCache, Extender};
+use kudos_orchestrator::http::{HttpLimits, HttpState, router};
+use kudos_orchestrator::index::{HeartbeatInfo, Index, SharedIndex};
+use kudos_orchestrator::metrics::Metrics;
+use kudos_orchestrator::state::{DeviceRecord, PluginConfig, VendorEntry};
+use kudos_scheduler_core::{Scheduler, SchedulerConfig};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+pub const UNIFIED: &str = "kudos.dev/gpu";
+
+pub fn entry(model: &str, n: usize, mem: u64) -> VendorEntry {
+    VendorEntry {
+        vendor_resource_name: "vendor.example/gpu".into(),
+        devices: (0..n)
+            .map(|i| DeviceRecord {
+                id: format!("{}-{i}", model.to_lowercase().replace(' ', "-")),
+                model: model.into(),
+                memory_bytes: mem,
+                ..Default::default()
+            })
+            .collect(),
+        plugin_version: "test".into(),
+    }
+}
+
+/// An index (standalone, so ready) with `nodes` as (name, vendor, model, devices).
+pub fn mk_index(nodes: &[(&str, &str, &str, usize)]) -> SharedIndex {
+    let mut idx = Index::new(
+        UNIFIED,
+        120.0,
+        Scheduler::new(SchedulerConfig::default()),
+        false,
+    );
+    let mut cfg = PluginConfig::default();
+    for (name, vendor, model, n) in nodes {
+        cfg.upsert(name, vendor, entry(model, *n, 80 << 30), UNIFIED);
+    }
+    idx.set_plugin_config(cfg);
+    Arc::new(RwLock::new(idx))
+}
+
+/// The standard fixture: three healthy GPU nodes and one whose agent went silent.
+pub fn standard_index() -> SharedIndex {
+    let index = mk_index(&[
+        ("gpu-a", "nvidia", "NVIDIA H100 80GB HBM3", 4),
+        ("gpu-b", "amd", "AMD Instinct MI300X", 8),
+        ("gpu-c", "nvidia", "Tesla V100-SXM2-16GB", 2),
+        ("gpu-stale", "nvidia", "NVIDIA A100-SXM4-80GB", 4),
+    ]);
+    index.write().unwrap().heartbeat(
+        "gpu-stale",
+        HeartbeatInfo {
+            at: 1.0,
+            agent_version: "t".into(),
+            outbox_depth: 0,
+            healthy_devices: 4,
+            total_devices: 4,
+        },
+    );
+    index
+}
+
+pub fn limits() -> HttpLimits {
+    HttpLimits {
+        prefix: "/kudos/v1".into(),
+        max_body_bytes: 1 << 20,
+        timeout: Duration::from_secs(5),
+        bind_timeout: Duration::from_secs(5),
+        max_concurrent: 16,
+    }
+}
+
+pub fn mk_state(index: SharedIndex) -> Arc<HttpState> {
+    let metrics = Arc::new(Metrics::new());
+    Arc::new(HttpState {
+        extender: Extender {
+            index: index.clone(),
+            ledger: Ledger::new(false),
+            explain: ExplainCache::default(),
+            binder: Arc::new(LocalBinder),
+            metrics: metrics.clone(),
+            unified: UNIFIED.into(),
+        },
+        index,
+        metrics,
+    })
+}
+
+pub fn mk_app(index: SharedIndex) -> axum::Router {
+    router(mk_state(index), &limits())
+}
+
+/// A pod JSON object (camelCase, as kube-scheduler sends it).
+pub fn pod_json(name: &str, class: Option<&str>, gpus: u32) -> serde_json::Value {
+    let mut labels = serde_json::Map::new();
+    if let Some(c) = class {
+        labels.insert("kudos.dev/class".into(), c.into());
+    }
+    let mut requests = serde_json::Map::new();
+    requests.insert("cpu".into(), "1".into());
+    if gpus > 0 {
+        requests.insert(UNIFIED.into(), gpus.to_string().into());
+    }
+    serde_json::json!({
+        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"), "labels": labels},
+        "spec": {"containers": [{"name": "main", "image": "x", "resources": {"requests": requests, "limits": null}}]},
+        "status": null
+    })
+}

@@ -1,0 +1,416 @@
+//! Extender contract tests through the router (`oneshot`): golden request/response pairs in
+//! `tests/golden/` (PascalCase keys, nulls, `NodeNames` and `Nodes` forms), and property
+//! tests (filter answers a subset of its input; scores are 0..=10).
+//!
+//! Golden responses use two wildcards where values depend on time or on scheduler-core's
+//! wording: `"~"` matches any value, `"~text"` any string containing `text` (case-insensitive).
+//! Regenerate with `KUDOS_UPDATE_GOLDEN=1 cargo test -p kudos-orchestrator --test extender`
+//! and review the diff (wildcards must then be restored by hand).
+
+mod common;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use common::*;
+use proptest::prelude::*;
+use serde_json::Value;
+use std::path::PathBuf;
+use tower::ServiceExt;
+
+fn golden(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name)
+}
+
+async fn call(app: axum::Router, method: &str, uri: &str, body: Vec<u8>) -> (StatusCode, Value) {
+    let req = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .body(Body::from(body))
+        .unwrap();
+    let resp = app.oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let v = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
+    (status, v)
+}
+
+fn matches(expected: &Value, actual: &Value, path: &str) -> Result<(), String> {
+    match (expected, actual) {
+        (Value::String(e), _) if e == "~" => Ok(()),
+        (Value::String(e), Value::String(a)) if e.starts_with('~') => {
+            if a.to_lowercase().contains(&e[1..].to_lowercase()) {
+                Ok(())
+            } else {
+                Err(format!("{path}: {a:?} does not contain {:?}", &e[1..]))
+            }
+        }
+        (Value::Object(e), Value::Object(a)) => {
+            let (mut ek, mut ak): (Vec<_>, Vec<_>) = (e.keys().collect(), a.keys().collect());
+            ek.sort();
+            ak.sort();
+            if ek != ak {
+                return Err(format!("{path}: keys {ak:?}, expected {ek:?}"));
+            }
+            e.iter()
+                .try_for_each(|(k, v)| matches(v, &a[k], &format!("{path}.{k}")))
+        }
+        (Value::Array(e), Value::Array(a)) => {
+            if e.len() != a.len() {
+                return Err(format!("{path}: {} items, expected {}", a.len(), e.len()));
+            }
+            e.iter()
+                .zip(a)
+                .enumerate()
+                .try_for_each(|(i, (e, a))| matches(e, a, &format!("{path}[{i}]")))
+        }
+        _ if expected == actual => Ok(()),
+        _ => Err(format!("{path}: got {actual}, expected {expected}")),
+    }
+}
+
+async fn check_golden(verb: &str, case: &str) -> Value {
+    let req = std::fs::read(golden(&format!("{case}.request.json"))).unwrap();
+    let (status, actual) = call(
+        mk_app(standard_index()),
+        "POST",
+        &format!("/kudos/v1/{verb}"),
+        req,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{case}: {actual}");
+    let path = golden(&format!("{case}.response.json"));
+    if std::env::var_os("KUDOS_UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, serde_json::to_string_pretty(&actual).unwrap() + "\n").unwrap();
+    }
+    let expected: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    if let Err(e) = matches(&expected, &actual, case) {
+        panic!(
+            "golden mismatch: {e}\nactual: {}",
+            serde_json::to_string_pretty(&actual).unwrap()
+        );
+    }
+    actual
+}
+
+#[tokio::test]
+async fn golden_filter_node_names() {
+    let v = check_golden("filter", "filter_nodenames").await;
+    assert!(v["Nodes"].is_null());
+    assert!(
+        v["FailedAndUnresolvableNodes"]["cpu-only"]
+            .as_str()
+            .unwrap()
+            .contains("device plugin")
+    );
+}
+
+#[tokio::test]
+async fn golden_filter_nodes_form() {
+    let v = check_golden("filter", "filter_nodes").await;
+    assert!(v["NodeNames"].is_null());
+}
+
+#[tokio::test]
+async fn golden_filter_unmanaged_pod_is_echoed() {
+    let v = check_golden("filter", "filter_unmanaged").await;
+    let req: Value =
+        serde_json::from_slice(&std::fs::read(golden("filter_unmanaged.request.json")).unwrap())
+            .unwrap();
+    assert_eq!(v["NodeNames"], req["NodeNames"]);
+}
+
+#[tokio::test]
+async fn golden_filter_errors() {
+    let v = check_golden("filter", "filter_nulls").await;
+    assert!(!v["Error"].as_str().unwrap().is_empty());
+    let v = check_golden("filter", "filter_bad_annotation").await;
+    assert!(v["Error"].as_str().unwrap().contains("kudos.dev/gang-size"));
+}
+
+#[tokio::test]
+async fn golden_prioritize() {
+    let v = check_golden("prioritize", "prioritize_nodenames").await;
+    for hp in v.as_array().unwrap() {
+        let s = hp["Score"].as_i64().unwrap();
+        assert!((0..=10).contains(&s));
+    }
+    let v = check_golden("prioritize", "prioritize_unmanaged").await;
+    assert!(v.as_array().unwrap().iter().all(|hp| hp["Score"] == 0));
+}
+
+#[tokio::test]
+async fn golden_bind() {
+    let v = check_golden("bind", "bind").await;
+    assert_eq!(v["Error"], "");
+    let v = check_golden("bind", "bind_missing").await;
+    assert!(!v["Error"].as_str().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn bind_counts_against_free_devices() {
+    // gpu-c has 2 devices: after binding two 1-GPU pods there, a third is filtered out.
+    let index = standard_index();
+    let state = mk_state(index);
+    let app = kudos_orchestrator::http::router(state, &limits());
+    for i in 0..2 {
+        let name = format!("p{i}");
+        let body = serde_json::json!({"Pod": pod_json(&name, Some("resnet50"), 1), "NodeNames": ["gpu-c"]});
+        let (_, v) = call(
+            app.clone(),
+            "POST",
+            "/kudos/v1/filter",
+            serde_json::to_vec(&body).unwrap(),
+        )
+        .await;
+        assert_eq!(v["NodeNames"], serde_json::json!(["gpu-c"]), "{v}");
+        let bind = serde_json::json!({"PodName": name, "PodNamespace": "default", "PodUID": format!("uid-{name}"), "Node": "gpu-c"});
+        let (_, v) = call(
+            app.clone(),
+            "POST",
+            "/kudos/v1/bind",
+            serde_json::to_vec(&bind).unwrap(),
+        )
+        .await;
+        assert_eq!(v["Error"], "");
+    }
+    let body =
+        serde_json::json!({"Pod": pod_json("p2", Some("resnet50"), 1), "NodeNames": ["gpu-c"]});
+    let (_, v) = call(
+        app.clone(),
+        "POST",
+        "/kudos/v1/filter",
+        serde_json::to_vec(&body).unwrap(),
+    )
+    .await;
+    assert_eq!(v["NodeNames"], serde_json::json!([]), "{v}");
+    assert!(v["FailedNodes"]["gpu-c"].is_string());
+}
+
+#[tokio::test]
+async fn explain_returns_last_ranking() {
+    let app = mk_app(standard_index());
+    let (s, _) = call(app.clone(), "GET", "/explain/default/train-1", vec![]).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let req = std::fs::read(golden("prioritize_nodenames.request.json")).unwrap();
+    call(app.clone(), "POST", "/kudos/v1/prioritize", req).await;
+    let (s, v) = call(app, "GET", "/explain/default/train-1", vec![]).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["verb"], "prioritize");
+    let entries = v["ranking"]["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 3);
+    for e in entries {
+        assert!(e["prediction"]["seconds"].as_f64().unwrap() > 0.0, "{e}");
+        assert!(e["prediction"]["uncertainty_log_sd"].is_number(), "{e}");
+        assert!(!e["prediction"]["source"].is_null(), "{e}");
+        for k in ["review", "good_rate", "score", "default_score", "rank"] {
+            assert!(!e[k].is_null(), "{k} missing in {e}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn gang_is_reserved_and_steered() {
+    let app = mk_app(standard_index());
+    let mut pod = pod_json("g-0", Some("resnet50"), 4);
+    pod["metadata"]["annotations"] =
+        serde_json::json!({"kudos.dev/gang-name": "job", "kudos.dev/gang-size": "2"});
+    let body = serde_json::json!({"Pod": pod, "NodeNames": ["gpu-a", "gpu-b", "gpu-c"]});
+    let (_, v) = call(
+        app.clone(),
+        "POST",
+        "/kudos/v1/filter",
+        serde_json::to_vec(&body).unwrap(),
+    )
+    .await;
+    let passed: Vec<String> = serde_json::from_value(v["NodeNames"].clone()).unwrap();
+    assert!(
+        !passed.is_empty() && !passed.contains(&"gpu-c".to_owned()),
+        "{v}"
+    );
+    let (_, st) = call(app.clone(), "GET", "/state", vec![]).await;
+    let slots = st["gangReservations"]["default/job"]["slots"]
+        .as_array()
+        .unwrap();
+    assert_eq!(slots.len(), 2, "{st}");
+    // Prioritize scores the reserved nodes 10.
+    let (_, v) = call(
+        app,
+        "POST",
+        "/kudos/v1/prioritize",
+        serde_json::to_vec(&body).unwrap(),
+    )
+    .await;
+    for hp in v.as_array().unwrap() {
+        let host = hp["Host"].as_str().unwrap();
+        let reserved = slots.iter().any(|s| s["node"] == host);
+        assert_eq!(hp["Score"] == 10, reserved, "{v}");
+    }
+}
+
+#[tokio::test]
+async fn body_limit_and_bad_json() {
+    let app = mk_app(standard_index());
+    let (s, _) = call(
+        app.clone(),
+        "POST",
+        "/kudos/v1/filter",
+        b"{not json".to_vec(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    let (s, _) = call(app, "POST", "/kudos/v1/filter", vec![b' '; 2 << 20]).await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+#[tokio::test]
+async fn readiness_waits_for_the_index() {
+    use kudos_orchestrator::index::Index;
+    use kudos_scheduler_core::{Scheduler, SchedulerConfig};
+    let idx = Index::new(
+        UNIFIED,
+        120.0,
+        Scheduler::new(SchedulerConfig::default()),
+        true,
+    );
+    let index = std::sync::Arc::new(std::sync::RwLock::new(idx));
+    let app = mk_app(index.clone());
+    assert_eq!(
+        call(app.clone(), "GET", "/healthz", vec![]).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(app.clone(), "GET", "/readyz", vec![]).await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    let req = std::fs::read(golden("filter_nodenames.request.json")).unwrap();
+    assert_eq!(
+        call(app.clone(), "POST", "/kudos/v1/filter", req).await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    index.write().unwrap().reset_nodes(vec![]);
+    index.write().unwrap().reset_pods(&[]);
+    assert_eq!(call(app, "GET", "/readyz", vec![]).await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn metrics_pass_promtool() {
+    let app = mk_app(standard_index());
+    let req = std::fs::read(golden("filter_nodenames.request.json")).unwrap();
+    call(app.clone(), "POST", "/kudos/v1/filter", req).await;
+    let resp = app
+        .oneshot(
+            Request::builder()
+                .uri("/metrics")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let text = String::from_utf8(
+        axum::body::to_bytes(resp.into_body(), usize::MAX)
+            .await
+            .unwrap()
+            .to_vec(),
+    )
+    .unwrap();
+    assert!(
+        text.contains("kudos_orchestrator_extender_request_duration_seconds_bucket"),
+        "{text}"
+    );
+    let promtool = std::path::Path::new("/usr/bin/promtool");
+    if !promtool.exists() {
+        eprintln!("note: /usr/bin/promtool absent, skipping `promtool check metrics`");
+        return;
+    }
+    use std::io::Write;
+    let mut child = std::process::Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn node_pool() -> Vec<(&'static str, &'static str, &'static str, usize)> {
+    vec![
+        ("n0", "nvidia", "NVIDIA H100 80GB HBM3", 8),
+        ("n1", "nvidia", "NVIDIA A100-SXM4-80GB", 4),
+        ("n2", "amd", "AMD Instinct MI300X", 8),
+        ("n3", "nvidia", "Tesla V100-SXM2-16GB", 1),
+        ("n4", "nvidia", "NVIDIA L4", 2),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn filter_is_subset_and_scores_in_range(
+        picks in proptest::collection::vec(0usize..8, 0..12),
+        gpus in 0u32..10,
+        class in proptest::option::of(prop_oneof![Just("a"), Just("b")]),
+        nodes_form in any::<bool>(),
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let pool = node_pool();
+            let app = mk_app(mk_index(&pool));
+            // Names 5..8 are unknown to Kudos.
+            let names: Vec<String> = picks.iter().map(|i| format!("n{i}")).collect();
+            let mut body = serde_json::json!({"Pod": pod_json("p", class, gpus)});
+            if nodes_form {
+                let items: Vec<Value> = names.iter().map(|n| serde_json::json!({"metadata": {"name": n}})).collect();
+                body["Nodes"] = serde_json::json!({"items": items});
+            } else {
+                body["NodeNames"] = serde_json::json!(names);
+            }
+            let bytes = serde_json::to_vec(&body).unwrap();
+            let (s, v) = call(app.clone(), "POST", "/kudos/v1/filter", bytes.clone()).await;
+            prop_assert_eq!(s, StatusCode::OK);
+            let passed: Vec<String> = if nodes_form {
+                v["Nodes"]["items"].as_array().unwrap().iter().map(|n| n["metadata"]["name"].as_str().unwrap().to_owned()).collect()
+            } else {
+                serde_json::from_value(v["NodeNames"].clone()).unwrap()
+            };
+            for p in &passed {
+                prop_assert!(names.contains(p), "{} not in input", p);
+                prop_assert!(v["FailedNodes"].get(p).is_none(), "{} both passed and failed", p);
+                prop_assert!(v["FailedAndUnresolvableNodes"].get(p).is_none(), "{} both passed and failed", p);
+            }
+            for n in &names {
+                let failed = v["FailedNodes"].get(n).is_some() || v["FailedAndUnresolvableNodes"].get(n).is_some();
+                prop_assert!(passed.contains(n) || failed, "{} neither passed nor failed", n);
+            }
+            let (s, v) = call(app, "POST", "/kudos/v1/prioritize", bytes).await;
+            prop_assert_eq!(s, StatusCode::OK);
+            let list = v.as_array().unwrap();
+            prop_assert_eq!(list.len(), names.len());
+            for (hp, n) in list.iter().zip(&names) {
+                prop_assert_eq!(hp["Host"].as_str().unwrap(), n.as_str());
+                let score = hp["Score"].as_i64().unwrap();
+                prop_assert!((0..=10).contains(&score));
+            }
+            Ok(())
+        })?;
+    }
+}
