@@ -225,7 +225,7 @@ impl Policy for FastestType {
 
 /// Knows every job's true throughput and noise: places each job where it finishes earliest
 /// among the placements available now (the fastest free GPU type for its job type; for a gang,
-/// members fastest-first so its slowest member is as fast as possible). Non-preemptive and
+/// the best pace its slowest member can reach, on the slowest GPUs that reach it). Non-preemptive and
 /// without lookahead, like the others, so it bounds what better *placement* can achieve.
 pub struct Oracle {
     rng: ChaCha8Rng,
@@ -245,14 +245,41 @@ impl Policy for Oracle {
         "oracle"
     }
     fn place(&mut self, job: &Job, ctx: &Ctx<'_>) -> Option<Placement> {
-        let need = if ctx.gang { 1 } else { job.gpus };
         let (table, gang) = (ctx.table, ctx.gang);
-        let slots = greedy(job, ctx, &mut self.rng, |n, free| {
-            let tput = table
+        let tput = |n: &Node| {
+            table
                 .throughput(job.job_type, job.gpus, n.gpu_type, gang)
-                .unwrap_or(0.0);
-            tput * (1.0 + 1e-9 * least_allocated(n, free, need))
-        })?;
+                .unwrap_or(0.0)
+        };
+        let slots = if gang {
+            // The gang runs at its slowest member's pace: find the best pace reachable now,
+            // then take the *slowest* GPUs that still reach it, leaving faster ones free.
+            let mut free: Vec<(f64, u32)> = ctx
+                .cluster
+                .nodes
+                .iter()
+                .filter(|n| ctx.feasible[n.gpu_type] && n.free > 0)
+                .map(|n| (tput(n), n.free))
+                .collect();
+            free.sort_by(|a, b| b.0.total_cmp(&a.0));
+            let mut count = 0;
+            let pace = free.iter().find_map(|&(t, f)| {
+                count += f;
+                (count >= job.gpus).then_some(t)
+            })?;
+            greedy(job, ctx, &mut self.rng, |n, free| {
+                let t = tput(n);
+                if t < pace {
+                    f64::NEG_INFINITY
+                } else {
+                    -t + 1e-9 * least_allocated(n, free, 1)
+                }
+            })?
+        } else {
+            greedy(job, ctx, &mut self.rng, |n, free| {
+                tput(n) * (1.0 + 1e-9 * least_allocated(n, free, job.gpus))
+            })?
+        };
         let predicted = true_runtime(job, &slots, ctx.cluster, ctx.table);
         Some(Placement {
             slots,
@@ -341,6 +368,20 @@ mod tests {
         let p = Oracle::new(0).place(&job(2), &ctx).unwrap();
         assert_eq!(p.slots.len(), 2);
         assert!(p.slots.iter().all(|s| c.nodes[s.0].gpu_type == 1));
+        // With one fast GPU taken, the pace is the slow type's: the oracle then takes both slow
+        // GPUs and leaves the remaining fast one free for someone else.
+        let mut c2 = c.clone();
+        let fast0 = c2.nodes.iter().position(|n| n.gpu_type == 1).unwrap();
+        c2.allocate(fast0, 1);
+        let ctx2 = Ctx {
+            cluster: &c2,
+            ..ctx
+        };
+        let p2 = Oracle::new(0).place(&job(2), &ctx2).unwrap();
+        assert!(
+            p2.slots.iter().all(|s| c2.nodes[s.0].gpu_type == 0),
+            "{p2:?}"
+        );
         // Spread over two fast nodes: unconsolidated 3 steps/s.
         assert_eq!(true_runtime(&job(2), &p.slots, &c, &t), Some(100.0 / 3.0));
         // One slow and one fast member: the slow one's 2 steps/s (its unconsolidated column is
