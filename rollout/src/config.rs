@@ -47,30 +47,22 @@ pub enum ConfigError {
 /// [`crate::ImageDeriver`] returns into its own configuration, so that the next view carries
 /// them in [`PluginConfigView::images`].
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct PluginConfigView {
     /// The configuration generation; increases with every change.
     pub generation: u64,
     /// The unified resource name every plugin registers under (e.g. `kudos.dev/gpu`).
     pub unified_resource_name: String,
-    /// Node name → that node's entry.
-    pub nodes: BTreeMap<String, NodeEntry>,
+    /// Node name → vendor name (`nvidia`, `amd`, …) → what the node's plugin reported.
+    pub nodes: BTreeMap<String, BTreeMap<String, VendorEntry>>,
     /// Plugin group name → the image derived for it (by digest). Absent until derived.
     #[serde(default)]
     pub images: BTreeMap<String, DerivedImage>,
 }
 
-/// One node's entry in the configuration.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct NodeEntry {
-    /// Vendor name (`nvidia`, `amd`, …) → what the node's plugin reported for it.
-    pub vendors: BTreeMap<String, VendorEntry>,
-}
-
 /// What a node's plugin reported for one vendor.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct VendorEntry {
     /// The vendor's own resource name, rewritten to the unified one (e.g. `nvidia.com/gpu`).
     pub vendor_resource_name: String,
@@ -83,7 +75,7 @@ pub struct VendorEntry {
 
 /// One reported device.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct DeviceEntry {
     /// Stable, vendor-prefixed device ID (`nv-GPU-…`, `amd-0000:03:00.0`).
     pub id: String,
@@ -93,6 +85,9 @@ pub struct DeviceEntry {
     /// Device memory in bytes.
     #[serde(default)]
     pub memory_bytes: u64,
+    /// Vendor UUID or PCI bus ID.
+    #[serde(default)]
+    pub uuid: String,
     /// NUMA node, when known.
     #[serde(default)]
     pub numa_node: Option<i64>,
@@ -147,6 +142,13 @@ pub struct VendorPluginConfig {
 // === impl PluginConfigView ===
 
 impl PluginConfigView {
+    /// Converts any serializable configuration with this JSON shape (e.g. the orchestrator's
+    /// `PluginConfig`, optionally extended with `images`) into a view. Unknown fields are
+    /// ignored, a missing `images` is empty.
+    pub fn from_config<T: Serialize>(config: &T) -> Result<Self, serde_json::Error> {
+        serde_json::from_value(serde_json::to_value(config)?)
+    }
+
     /// Checks names that end up in object names, labels, tags and resource names.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let r = &self.unified_resource_name;
@@ -154,11 +156,11 @@ impl PluginConfigView {
             Some((d, n)) if !d.is_empty() && !n.is_empty() && !n.contains('/') => {}
             _ => return Err(ConfigError::InvalidResourceName(r.clone())),
         }
-        for (node, entry) in &self.nodes {
-            if entry.vendors.is_empty() {
+        for (node, vendors) in &self.nodes {
+            if vendors.is_empty() {
                 return Err(ConfigError::NodeWithoutVendors(node.clone()));
             }
-            for vendor in entry.vendors.keys() {
+            for vendor in vendors.keys() {
                 if !is_vendor_name(vendor) {
                     return Err(ConfigError::InvalidVendor(vendor.clone()));
                 }
@@ -172,7 +174,7 @@ impl PluginConfigView {
         self.validate()?;
         let mut by_set: BTreeMap<Vec<String>, Vec<String>> = BTreeMap::new();
         for (node, entry) in &self.nodes {
-            let vendors: Vec<String> = entry.vendors.keys().cloned().collect();
+            let vendors: Vec<String> = entry.keys().cloned().collect();
             by_set.entry(vendors).or_default().push(node.clone());
         }
         let mut groups = Vec::with_capacity(by_set.len());
@@ -206,7 +208,7 @@ impl PluginConfigView {
                     if !members.contains(node.as_str()) {
                         continue;
                     }
-                    if let Some(v) = entry.vendors.get(vendor) {
+                    if let Some(v) = entry.get(vendor) {
                         let mut devices = v.devices.clone();
                         devices.sort_by(|a, b| a.id.cmp(&b.id));
                         nodes.insert(node.clone(), devices);
@@ -228,9 +230,9 @@ impl PluginConfigView {
 
     /// Number of devices the configuration lists for a node, over all vendors.
     pub fn device_count(&self, node: &str) -> u64 {
-        self.nodes.get(node).map_or(0, |e| {
-            e.vendors.values().map(|v| v.devices.len() as u64).sum()
-        })
+        self.nodes
+            .get(node)
+            .map_or(0, |e| e.values().map(|v| v.devices.len() as u64).sum())
     }
 }
 
@@ -253,6 +255,7 @@ pub(crate) mod tests {
             id: id.into(),
             model: "model".into(),
             memory_bytes: 16 << 30,
+            uuid: format!("uuid-{id}"),
             numa_node: Some(0),
         }
     }
@@ -272,31 +275,20 @@ pub(crate) mod tests {
         let mut nodes = BTreeMap::new();
         nodes.insert(
             "n2".into(),
-            NodeEntry {
-                vendors: [("nvidia".into(), nv(&["nv-GPU-b", "nv-GPU-a"]))].into(),
-            },
+            [("nvidia".into(), nv(&["nv-GPU-b", "nv-GPU-a"]))].into(),
         );
-        nodes.insert(
-            "n1".into(),
-            NodeEntry {
-                vendors: [("nvidia".into(), nv(&["nv-GPU-c"]))].into(),
-            },
-        );
+        nodes.insert("n1".into(), [("nvidia".into(), nv(&["nv-GPU-c"]))].into());
         nodes.insert(
             "n3".into(),
-            NodeEntry {
-                vendors: [("amd".into(), amd(&["amd-0000:03:00.0"]))].into(),
-            },
+            [("amd".into(), amd(&["amd-0000:03:00.0"]))].into(),
         );
         nodes.insert(
             "n4".into(),
-            NodeEntry {
-                vendors: [
-                    ("amd".into(), amd(&["amd-0000:04:00.0"])),
-                    ("nvidia".into(), nv(&["nv-GPU-d"])),
-                ]
-                .into(),
-            },
+            [
+                ("amd".into(), amd(&["amd-0000:04:00.0"])),
+                ("nvidia".into(), nv(&["nv-GPU-d"])),
+            ]
+            .into(),
         );
         PluginConfigView {
             generation: 7,
@@ -304,6 +296,26 @@ pub(crate) mod tests {
             nodes,
             images: BTreeMap::new(),
         }
+    }
+
+    #[test]
+    fn converts_from_the_orchestrators_json_shape() {
+        let orchestrator = serde_json::json!({
+            "generation": 3,
+            "unifiedResourceName": "kudos.dev/gpu",
+            "nodes": {"n1": {"nvidia": {
+                "vendorResourceName": "nvidia.com/gpu",
+                "devices": [{"id": "nv-GPU-1", "model": "A100", "memoryBytes": 1,
+                             "uuid": "GPU-1", "numaNode": null, "futureField": true}],
+                "pluginVersion": "0.1.0"}}}
+        });
+        let v = PluginConfigView::from_config(&orchestrator).unwrap();
+        assert_eq!(v.generation, 3);
+        assert!(v.images.is_empty());
+        assert_eq!(v.nodes["n1"]["nvidia"].devices[0].uuid, "GPU-1");
+        assert_eq!(v.groups().unwrap()[0].name, "nvidia");
+        let back = PluginConfigView::from_config(&v).unwrap();
+        assert_eq!(back, v);
     }
 
     #[test]
@@ -329,14 +341,13 @@ pub(crate) mod tests {
         v.nodes
             .get_mut("n1")
             .unwrap()
-            .vendors
             .insert("NVIDIA".into(), VendorEntry::default());
         assert_eq!(
             v.validate(),
             Err(ConfigError::InvalidVendor("NVIDIA".into()))
         );
         let mut v = mk_view();
-        v.nodes.insert("n9".into(), NodeEntry::default());
+        v.nodes.insert("n9".into(), BTreeMap::new());
         assert_eq!(
             v.validate(),
             Err(ConfigError::NodeWithoutVendors("n9".into()))

@@ -350,7 +350,6 @@ mod tests {
         w.nodes
             .get_mut("n3")
             .unwrap()
-            .vendors
             .get_mut("amd")
             .unwrap()
             .devices
@@ -360,7 +359,6 @@ mod tests {
         w.nodes
             .get_mut("n1")
             .unwrap()
-            .vendors
             .get_mut("nvidia")
             .unwrap()
             .devices

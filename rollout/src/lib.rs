@@ -24,9 +24,12 @@
 //!         └──── ImageRecorder::record(generation, group → DerivedImage) ◀──┘
 //! ```
 //! - Convert the orchestrator's configuration into a [`PluginConfigView`]: `generation`,
-//!   `unified_resource_name`, `nodes: node → NodeEntry { vendors: vendor → VendorEntry {
-//!   vendor_resource_name, plugin_version, devices: [DeviceEntry { id, model, memory_bytes,
-//!   numa_node }] } }`, and `images: group → DerivedImage` as previously recorded.
+//!   `unified_resource_name`, `nodes: node → vendor → VendorEntry { vendor_resource_name,
+//!   plugin_version, devices: [DeviceEntry { id, model, memory_bytes, uuid, numa_node }] }`,
+//!   and `images: group → DerivedImage` as previously recorded. The JSON shape matches the
+//!   orchestrator's `PluginConfig` (camelCase, same field names), so
+//!   [`PluginConfigView::from_config`] converts any serializable configuration of that shape
+//!   (unknown fields are ignored; a missing `images` is empty).
 //! - Implement [`ImageRecorder`] to store returned [`DerivedImage`]s in the configuration
 //!   (this bumps its generation; the next pass finds nothing to derive and re-applies as a
 //!   no-op).
@@ -62,7 +65,7 @@ pub mod retry;
 
 pub use apply::{ApplyError, ApplyReport, apply, apply_daemonsets, prune_daemonsets};
 pub use config::{
-    ConfigError, DerivedImage, DeviceEntry, NodeEntry, PluginConfigView, PluginGroup, VendorEntry,
+    ConfigError, DerivedImage, DeviceEntry, PluginConfigView, PluginGroup, VendorEntry,
     VendorPluginConfig,
 };
 pub use image::derive_tag;

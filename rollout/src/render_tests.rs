@@ -202,7 +202,7 @@ proptest::proptest! {
     fn every_node_in_exactly_its_groups_daemonset(
         nodes in proptest::collection::btree_map("[a-z][a-z0-9]{0,6}", 1u8..8, 1..12)
     ) {
-        use crate::config::{NodeEntry, VendorEntry};
+        use crate::config::VendorEntry;
         let vendors = ["amd", "intel", "nvidia"];
         let mut view = PluginConfigView {
             generation: 1,
@@ -210,14 +210,12 @@ proptest::proptest! {
             ..PluginConfigView::default()
         };
         for (node, mask) in &nodes {
-            let entry = NodeEntry {
-                vendors: vendors
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, _)| mask & (1 << i) != 0)
-                    .map(|(_, v)| (v.to_string(), VendorEntry::default()))
-                    .collect(),
-            };
+            let entry: BTreeMap<String, VendorEntry> = vendors
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| mask & (1 << i) != 0)
+                .map(|(_, v)| (v.to_string(), VendorEntry::default()))
+                .collect();
             view.nodes.insert(node.clone(), entry);
         }
         for g in view.groups().unwrap() {
@@ -227,7 +225,7 @@ proptest::proptest! {
         let dss = render_daemonsets(&view, &s).unwrap();
         proptest::prop_assert_eq!(&dss, &render_daemonsets(&view, &s).unwrap());
         for (node, entry) in &view.nodes {
-            let group = entry.vendors.keys().cloned().collect::<Vec<_>>().join("-");
+            let group = entry.keys().cloned().collect::<Vec<_>>().join("-");
             let holders: Vec<String> = dss
                 .iter()
                 .filter(|d| affinity_nodes(d).contains(node))

@@ -12,7 +12,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, Patch, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kudos_rollout::config::{DeviceEntry, NodeEntry, VendorEntry};
+use kudos_rollout::config::{DeviceEntry, VendorEntry};
 use kudos_rollout::registry::{CredentialsError, resolve_auth};
 use kudos_rollout::render::{OWNED_SELECTOR, affinity_nodes};
 use kudos_rollout::{
@@ -174,8 +174,8 @@ fn view() -> PluginConfigView {
             },
         )
     };
-    let node = |vs: Vec<(String, VendorEntry)>| NodeEntry {
-        vendors: vs.into_iter().collect(),
+    let node = |vs: Vec<(String, VendorEntry)>| -> BTreeMap<String, VendorEntry> {
+        vs.into_iter().collect()
     };
     PluginConfigView {
         generation: 3,

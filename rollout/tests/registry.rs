@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kudos_rollout::config::{DeviceEntry, NodeEntry, VendorEntry};
+use kudos_rollout::config::{DeviceEntry, VendorEntry};
 use kudos_rollout::image::{build_layer, sha256_digest};
 use kudos_rollout::{
     DeriveError, DerivedImage, ImageDeriver, ImageRecorder, PlainHttp, PluginConfigView,
@@ -138,6 +138,7 @@ fn view() -> PluginConfigView {
             id: "nv-GPU-0".into(),
             model: "A100".into(),
             memory_bytes: 40 << 30,
+            uuid: "GPU-0".into(),
             numa_node: Some(0),
         }],
     };
@@ -146,9 +147,7 @@ fn view() -> PluginConfigView {
         unified_resource_name: "kudos.dev/gpu".into(),
         nodes: BTreeMap::from([(
             "n1".to_string(),
-            NodeEntry {
-                vendors: BTreeMap::from([("nvidia".to_string(), nv)]),
-            },
+            BTreeMap::from([("nvidia".to_string(), nv)]),
         )]),
         images: BTreeMap::new(),
     }
@@ -284,7 +283,6 @@ async fn derived_image_reads_back_by_digest_and_is_reproducible() {
         .nodes
         .get_mut("n1")
         .unwrap()
-        .vendors
         .get_mut("nvidia")
         .unwrap()
         .devices
