@@ -160,17 +160,26 @@ pub async fn run_reports(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut backoff = Backoff::new(cfg.backoff_min, cfg.backoff_max);
+    let mut failures = 0u32;
     loop {
         let result = tokio::select! {
             r = session(&cfg, channel.clone(), &outbox, &metrics, &mut backoff) => r,
             _ = crate::stopped(&mut shutdown) => return,
         };
         metrics.orchestrator_connected.set(0);
+        if backoff.attempt == 0 {
+            // The stream made progress (an acknowledgement reset the backoff).
+            failures = 0;
+        }
         let delay = backoff.next_delay();
-        match result {
-            Ok(()) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "report stream ended")
+        if let Err(e) = result {
+            // Loud on the first failure and then every tenth, so an outage does not flood logs.
+            failures += 1;
+            let retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+            if failures % 10 == 1 {
+                tracing::warn!(error = %e, failures, retry_in_ms, pending = outbox.depth(), "report stream failed");
+            } else {
+                tracing::debug!(error = %e, failures, retry_in_ms, "report stream failed");
             }
         }
         tokio::select! {
