@@ -55,6 +55,7 @@
 
 pub mod apply;
 pub mod config;
+pub mod credentials;
 pub mod image;
 pub mod metrics;
 pub mod monitor;
@@ -68,6 +69,7 @@ pub use config::{
     ConfigError, DerivedImage, DeviceEntry, PluginConfigView, PluginGroup, VendorEntry,
     VendorPluginConfig,
 };
+pub use credentials::{CredentialSource, CredentialsError};
 pub use image::derive_tag;
 pub use metrics::{MonitorMetrics, RolloutMetrics};
 pub use monitor::{
@@ -76,8 +78,7 @@ pub use monitor::{
 };
 pub use reconcile::{Ctx, Error, ImageRecorder, Mode, error_policy, reconcile, run};
 pub use registry::{
-    CredentialSource, DeriveError, ImageDeriver, PlainHttp, RegistrySettings,
-    install_crypto_provider,
+    DeriveError, ImageDeriver, PlainHttp, RegistrySettings, install_crypto_provider,
 };
 pub use render::{RolloutSettings, render_daemonsets, render_yaml};
 pub use retry::RetryPolicy;

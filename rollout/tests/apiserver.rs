@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, Patch, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kudos_rollout::config::{DeviceEntry, VendorEntry};
-use kudos_rollout::registry::{CredentialsError, resolve_auth};
+use kudos_rollout::credentials::{CredentialsError, resolve_auth};
 use kudos_rollout::render::{OWNED_SELECTOR, affinity_nodes};
 use kudos_rollout::{
     CredentialSource, DerivedImage, ImageRecorder, PluginConfigView, RolloutMetrics,
