@@ -114,3 +114,53 @@ pub fn pod_json(name: &str, class: Option<&str>, gpus: u32) -> serde_json::Value
         "status": null
     })
 }
+
+// === gRPC builders ===
+
+use kudos_proto::kudos::v1 as pb;
+
+pub fn with_token<T>(msg: T, token: Option<&str>) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    if let Some(t) = token {
+        r.metadata_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    r
+}
+
+pub fn plugin(node: &str, devices: usize, healthy: bool) -> pb::ReportPluginRequest {
+    pb::ReportPluginRequest {
+        node: node.into(),
+        vendor: "nvidia".into(),
+        vendor_resource_name: "nvidia.com/gpu".into(),
+        devices: (0..devices)
+            .map(|i| pb::Device {
+                id: format!("nv-GPU-{i}"),
+                model: "NVIDIA H100 80GB HBM3".into(),
+                memory_bytes: 80 << 30,
+                uuid: format!("GPU-{i}"),
+                numa_node: Some(0),
+                healthy,
+            })
+            .collect(),
+        plugin_version: "0.1.0".into(),
+    }
+}
+
+pub fn report(id: &str, node: &str, state: pb::RunState, class: &str) -> pb::RunReport {
+    pb::RunReport {
+        report_id: id.into(),
+        run_id: format!("run-{id}"),
+        node: node.into(),
+        pod_namespace: "default".into(),
+        pod_name: format!("pod-{id}"),
+        pod_uid: format!("uid-{id}"),
+        class: class.into(),
+        device_ids: vec!["nv-GPU-0".into()],
+        state: state as i32,
+        start_unix_ms: 1_700_000_000_000,
+        end_unix_ms: 1_700_000_600_000,
+        gpu_busy_seconds: 550.0,
+        ..Default::default()
+    }
+}
