@@ -214,7 +214,21 @@ async fn reconcile_pass(view: &PluginConfigView, ctx: &Ctx) -> Result<Duration, 
             effective.images.extend(new_images);
         }
         match &ctx.mode {
-            Mode::DryRun(sink) => sink(&render_yaml(&effective, &ctx.settings)?),
+            Mode::DryRun(sink) => {
+                let mut out = String::new();
+                if let Some(deriver) = &ctx.deriver {
+                    for group in &groups {
+                        if deriver.needs_derivation(view, group).unwrap_or(true) {
+                            out.push_str(&format!(
+                                "# group {}: configuration changed; an image would be derived and pushed\n",
+                                group.name
+                            ));
+                        }
+                    }
+                }
+                out.push_str(&render_yaml(&effective, &ctx.settings)?);
+                sink(&out);
+            }
             Mode::Apply => {
                 let client = ctx.kube.as_ref().ok_or(Error::NoClient)?;
                 let report = apply(client, &effective, &ctx.settings, &ctx.metrics).await?;
@@ -311,6 +325,46 @@ mod tests {
         assert_eq!(text.matches("kind: DaemonSet").count(), 1);
         assert!(text.contains("name: kudos-device-plugin-amd\n"));
         assert!(text.contains("# group nvidia: no derived image yet"));
+    }
+
+    #[tokio::test]
+    async fn dry_run_with_a_deriver_names_images_it_would_push_and_pushes_nothing() {
+        let out = Arc::new(Mutex::new(String::new()));
+        let sink_out = out.clone();
+        let sink: DryRunSink = Arc::new(move |s: &str| sink_out.lock().unwrap().push_str(s));
+        let recorder = Arc::new(Recorded::default());
+        // Port 1 on loopback: any push attempt would fail the pass.
+        let deriver = ImageDeriver::new(
+            crate::RegistrySettings {
+                base_image: "127.0.0.1:1/kudos/device-plugin:base".into(),
+                repository: "127.0.0.1:1/kudos/device-plugin-derived".into(),
+                plain_http: crate::PlainHttp::Loopback,
+                credentials: Default::default(),
+                retry: RetryPolicy::default(),
+                connect_timeout: Duration::from_secs(1),
+                read_timeout: Duration::from_secs(1),
+            },
+            RolloutMetrics::default(),
+        )
+        .unwrap();
+        let ctx = Arc::new(
+            Ctx::new(
+                RolloutSettings::default(),
+                recorder.clone(),
+                RolloutMetrics::default(),
+            )
+            .with_deriver(deriver)
+            .with_mode(Mode::DryRun(sink)),
+        );
+        reconcile(Arc::new(mk_view()), ctx).await.unwrap();
+        let text = out.lock().unwrap().clone();
+        for g in ["amd", "amd-nvidia", "nvidia"] {
+            assert!(
+                text.contains(&format!("# group {g}: configuration changed")),
+                "{text}"
+            );
+        }
+        assert!(recorder.0.lock().unwrap().is_empty());
     }
 
     #[tokio::test]

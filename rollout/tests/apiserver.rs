@@ -264,6 +264,10 @@ async fn server_side_apply_is_accepted_idempotent_and_prunes() {
 
     let nv = dss.get("kudos-device-plugin-nvidia").await.unwrap();
     assert_eq!(affinity_nodes(&nv), ["gpu-a", "gpu-b"]);
+    assert_eq!(
+        nv.metadata.annotations.as_ref().unwrap()["kudos.dev/config-generation"],
+        "3"
+    );
     let amd = dss.get("kudos-device-plugin-amd").await.unwrap();
     assert_eq!(affinity_nodes(&amd), ["gpu-c"]);
     let managers: Vec<_> = nv

@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::net::TcpListener;
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,6 +17,9 @@ use kudos_rollout::{
 use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
 use oci_client::secrets::RegistryAuth;
 use serde_json::{Value, json};
+
+/// Debian's `docker-registry` (distribution v2), from `$PATH`.
+const REGISTRY_BIN: &str = "docker-registry";
 
 struct Registry {
     child: Child,
@@ -33,7 +35,10 @@ impl Drop for Registry {
 }
 
 fn tools_present() -> bool {
-    let ok = Path::new("/usr/bin/docker-registry").exists()
+    let ok = Command::new(REGISTRY_BIN)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
         && Command::new("skopeo")
             .arg("--version")
             .output()
@@ -64,7 +69,7 @@ fn start_registry(port: u16) -> Registry {
         ),
     )
     .unwrap();
-    let child = Command::new("/usr/bin/docker-registry")
+    let child = Command::new(REGISTRY_BIN)
         .arg("serve")
         .arg(&config)
         .stdout(Stdio::null())
