@@ -157,6 +157,24 @@ async fn stop_server(r: Running) {
     }
 }
 
+/// Opens a gRPC channel over a Unix socket (the kubelet's, or a plugin's in tests).
+pub async fn connect_unix(
+    path: &Path,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let path = path.to_owned();
+    // The URI is required by tonic but unused: the connector dials the socket.
+    Endpoint::from_static("http://[::1]:0")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                UnixStream::connect(path)
+                    .await
+                    .map(hyper_util::rt::TokioIo::new)
+            }
+        }))
+        .await
+}
+
 /// Sends `Register` to the kubelet over its Unix socket.
 pub async fn register(
     kubelet: &Path,
@@ -164,20 +182,9 @@ pub async fn register(
     resource_name: &str,
     timeout: Duration,
 ) -> Result<(), RegisterError> {
-    let path = kubelet.to_owned();
     let call = async {
-        // The URI is required by tonic but unused: the connector dials the socket.
-        let channel = Endpoint::from_static("http://[::1]:0")
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move {
-                    UnixStream::connect(path)
-                        .await
-                        .map(hyper_util::rt::TokioIo::new)
-                }
-            }))
-            .await?;
-        let mut client = api::registration_client::RegistrationClient::new(channel);
+        let mut client =
+            api::registration_client::RegistrationClient::new(connect_unix(kubelet).await?);
         client
             .register(api::RegisterRequest {
                 version: api::VERSION.into(),
@@ -281,6 +288,7 @@ pub async fn run(
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
     let mut ever_registered = false;
+    let mut name_open = true;
 
     loop {
         // === one reconcile pass ===
@@ -368,7 +376,8 @@ pub async fn run(
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 stream_closed = true;
             }
-            changed = name.changed() => if changed.is_err() { break },
+            // Without an orchestrator nobody publishes names: the sender is gone for good.
+            changed = name.changed(), if name_open => if changed.is_err() { name_open = false },
             _ = retry => {}
             _ = resync.tick() => {}
         }
