@@ -28,7 +28,8 @@ pub struct Capacity {
     pub capacity: BTreeMap<String, i64>,
     /// Allocatable (healthy devices).
     pub allocatable: BTreeMap<String, i64>,
-    /// Device id → health, per resource.
+    /// Allocatable (healthy) device id → health, per resource (the device manager's
+    /// `GetAllocatableDevices`; unhealthy devices are absent).
     pub devices: BTreeMap<String, BTreeMap<String, String>>,
     /// Increments on each (re)start of the manager.
     pub generation: u64,
@@ -120,4 +121,20 @@ impl KubeletDm {
     pub fn check_running(&mut self) -> Result<()> {
         self.proc.check_running()
     }
+}
+
+/// Calls the kubelet PodResources v1 `List` over the unix socket `socket`, as the node agent
+/// does.
+pub async fn pod_resources_list(socket: &Path) -> Result<kudos_proto::podresources::v1::ListPodResourcesResponse> {
+    use kudos_proto::podresources::v1::{ListPodResourcesRequest, pod_resources_lister_client::PodResourcesListerClient};
+    let path = socket.to_path_buf();
+    let channel = tonic::transport::Endpoint::try_from("http://localhost")?
+        .connect_with_connector(tower::service_fn(move |_: ::http::Uri| {
+            let p = path.clone();
+            async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(p).await?)) }
+        }))
+        .await
+        .with_context(|| format!("connect {}", socket.display()))?;
+    let mut c = PodResourcesListerClient::new(channel);
+    Ok(c.list(ListPodResourcesRequest {}).await?.into_inner())
 }

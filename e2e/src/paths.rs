@@ -63,11 +63,12 @@ pub fn require_bins(test: &str, bins: &[PathBuf]) -> bool {
 }
 
 /// A run directory `e2e/_work/<name>-<time>-<pid>` holding logs, certificates and data. It is
-/// removed when dropped after success, kept (and its path printed) when the thread panicked
-/// or `KUDOS_E2E_KEEP=1`.
+/// removed when dropped after [`RunDir::pass`] was called; kept (and its log paths printed)
+/// otherwise (a failed assertion, an error returned, a panic) or when `KUDOS_E2E_KEEP=1`.
 #[derive(Debug)]
 pub struct RunDir {
     path: PathBuf,
+    passed: std::cell::Cell<bool>,
 }
 
 impl RunDir {
@@ -79,7 +80,12 @@ impl RunDir {
         let t = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
         let path = base.join(format!("{name}-{}-{}", t.as_millis(), std::process::id()));
         std::fs::create_dir_all(&path)?;
-        Ok(Self { path })
+        Ok(Self { path, passed: std::cell::Cell::new(false) })
+    }
+
+    /// Marks the run successful: the directory is removed on drop (unless `KUDOS_E2E_KEEP=1`).
+    pub fn pass(&self) {
+        self.passed.set(true);
     }
 
     /// The directory.
@@ -95,7 +101,7 @@ impl RunDir {
 
 impl Drop for RunDir {
     fn drop(&mut self) {
-        if std::thread::panicking() || std::env::var("KUDOS_E2E_KEEP").as_deref() == Ok("1") {
+        if !self.passed.get() || std::thread::panicking() || std::env::var("KUDOS_E2E_KEEP").as_deref() == Ok("1") {
             eprintln!("e2e: logs and state kept in {}", self.path.display());
             if let Ok(rd) = std::fs::read_dir(&self.path) {
                 for e in rd.flatten() {

@@ -68,5 +68,6 @@ async fn cluster_smoke_pods_are_bound_by_real_scheduler() -> anyhow::Result<()> 
     .await?;
     assert!(msg.contains("kudos.dev/gpu"), "unschedulable message names the resource: {msg}");
     cp.check_running()?;
+    run.pass();
     Ok(())
 }

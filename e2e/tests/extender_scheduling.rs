@@ -135,5 +135,6 @@ async fn extender_steers_class_to_fastest_model_and_explain_agrees() -> anyhow::
     cp.start_scheduler(50, Some(&ext))?;
     bound_node(&pods, "while-down").await?;
     cp.check_running()?;
+    run.pass();
     Ok(())
 }

@@ -18,6 +18,7 @@
 //
 //	GET    /healthz                 ok once the registration server listens
 //	GET    /capacity                {"capacity":{..},"allocatable":{..},"inactive":[..],"devices":{res:{id:health}},"generation":n}
+//	                                (devices: GetAllocatableDevices, i.e. the healthy ones)
 //	POST   /pods                    admit a pod (topology manager "none" policy -> devicemanager.Allocate)
 //	                                body {"namespace","name","uid","containers":[{"name","requests":{"kudos.dev/gpu":"1"}}]}
 //	                                -> {"admitted","reason","message","containers":[{"name","envs","devices","mounts","annotations","cdi_devices"}]}
