@@ -63,3 +63,37 @@ pub async fn report_runs(grpc_addr: &str, node: &str, reports: Vec<RunReport>) -
     }
     Ok(())
 }
+
+/// Sends `ReportPlugin` for `node` (with that node's token) as a device plugin does: `n`
+/// devices of `model`. Returns (unified resource name, configuration generation).
+pub async fn report_plugin(grpc_addr: &str, node: &str, vendor: &str, vendor_resource: &str, model: &str, n: u32) -> Result<(String, u64)> {
+    use kudos_proto::kudos::v1::{Device, ReportPluginRequest, registry_service_client::RegistryServiceClient};
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc_addr}"))?.connect().await.context("connect gRPC")?;
+    let token: MetadataValue<_> = format!("Bearer {}", node_token(node)).parse()?;
+    let mut client = RegistryServiceClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
+        req.metadata_mut().insert("authorization", token.clone());
+        Ok(req)
+    });
+    let devices = (0..n)
+        .map(|i| Device {
+            id: format!("nv-GPU-{node}-{i}"),
+            model: model.to_string(),
+            memory_bytes: 16 << 30,
+            uuid: format!("GPU-{node}-{i}"),
+            numa_node: Some(0),
+            healthy: true,
+        })
+        .collect();
+    let r = client
+        .report_plugin(ReportPluginRequest {
+            node: node.to_string(),
+            vendor: vendor.to_string(),
+            vendor_resource_name: vendor_resource.to_string(),
+            devices,
+            plugin_version: "e2e".into(),
+        })
+        .await
+        .context("ReportPlugin")?
+        .into_inner();
+    Ok((r.unified_resource_name, r.generation))
+}
