@@ -51,7 +51,7 @@ pub struct Args {
     /// Jobs to generate (B2: at most this many trace jobs). Default: 6000 for B0, 2000 for B1 and B2.
     #[arg(long)]
     pub jobs: Option<usize>,
-    /// Poisson arrival rate, jobs per hour (B0, B1). Default: 4 for B0, 0.6 for B1.
+    /// Poisson arrival rate, jobs per hour (B0, B1). Default: 4 for B0, 0.3 for B1 (near where kube-default saturates on the default cluster).
     #[arg(long, conflicts_with = "sweep")]
     pub rate: Option<f64>,
     /// Sweep these arrival rates (comma-separated jobs/hour) and write an SVG plot of average JCT per policy.
@@ -94,6 +94,9 @@ pub struct Args {
     /// Where a sweep writes its SVG plot.
     #[arg(long, default_value = "kudos-sim-sweep.svg", value_name = "FILE")]
     pub plot: PathBuf,
+    /// Also write one CSV row per job and run (policy, rate, seed, class, job type, GPUs, arrival, start, end, GPU types used, prediction) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub jobs_csv: Option<PathBuf>,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub log: kudos_common::LogArgs,
@@ -122,6 +125,8 @@ pub struct Settings {
     pub json: bool,
     /// Plot path.
     pub plot: PathBuf,
+    /// Per-job CSV path.
+    pub jobs_csv: Option<PathBuf>,
     /// Explicit measurement window.
     pub window: Option<Range<usize>>,
     /// A trace is replayed: the rate does not apply.
@@ -227,7 +232,7 @@ impl Settings {
                     Some(s) => s,
                     None => cov_sigma(&mut sources)?,
                 };
-                (WorkloadKind::B1 { philly }, 2000, 0.6, sigma)
+                (WorkloadKind::B1 { philly }, 2000, 0.3, sigma)
             }
             WorkloadName::B2 => {
                 let vc =
@@ -309,6 +314,7 @@ impl Settings {
             declare_work: !a.no_work,
             json: a.json,
             plot: a.plot.clone(),
+            jobs_csv: a.jobs_csv.clone(),
             window,
             sources,
             cluster_note,

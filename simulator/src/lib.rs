@@ -124,6 +124,10 @@ pub fn run(s: &Settings) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut shown = false;
     let mut cells = Vec::new();
+    let mut jobs_csv = match &s.jobs_csv {
+        Some(p) => Some(output::jobs_writer(p)?),
+        None => None,
+    };
     for &rate in &s.rates {
         for name in &s.policies {
             let mut per_seed = Vec::new();
@@ -138,7 +142,11 @@ pub fn run(s: &Settings) -> anyhow::Result<()> {
                         shown = true;
                     }
                 };
-                per_seed.push(run_one(s, rate, seed, name, &mut tick)?);
+                let (jobs, result) = simulate_run(s, rate, seed, name, &mut tick)?;
+                if let Some(w) = jobs_csv.as_mut() {
+                    output::write_jobs(w, s, name, rate, seed, &jobs, &result)?;
+                }
+                per_seed.push(metrics::compute(&result, s.window_for(jobs.len())));
             }
             cells.push(Cell {
                 rate_per_hour: s.trace_replay.then_some(()).map_or(Some(rate), |_| None),
@@ -150,6 +158,9 @@ pub fn run(s: &Settings) -> anyhow::Result<()> {
         }
     }
     progress.finish_and_clear();
+    if let Some(mut w) = jobs_csv {
+        w.flush()?;
+    }
     tracing::info!(
         seconds = started.elapsed().as_secs_f64(),
         runs,

@@ -1,6 +1,9 @@
 //! Presenting results: a plain-text table, JSON, and an SVG plot of a sweep.
 
+use crate::cli::Settings;
 use crate::metrics::Metrics;
+use crate::sim::SimResult;
+use crate::workload::Job;
 use plotters::prelude::*;
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -192,5 +195,68 @@ pub fn plot(cells: &[Cell], path: &Path, title: &str) -> anyhow::Result<()> {
         .border_style(BLACK)
         .draw()?;
     root.present()?;
+    Ok(())
+}
+
+/// Opens the per-job CSV and writes its header.
+pub fn jobs_writer(path: &Path) -> anyhow::Result<csv::Writer<std::fs::File>> {
+    let mut w = csv::Writer::from_path(path)
+        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", path.display()))?;
+    w.write_record([
+        "policy",
+        "rate_per_hour",
+        "seed",
+        "job",
+        "class",
+        "job_type",
+        "gpus",
+        "arrival_s",
+        "start_s",
+        "end_s",
+        "gpu_types",
+        "on_fastest",
+        "predicted_s",
+        "history_runs",
+    ])?;
+    Ok(w)
+}
+
+/// Writes one row per job of one run.
+#[allow(clippy::too_many_arguments)]
+pub fn write_jobs(
+    w: &mut csv::Writer<std::fs::File>,
+    s: &Settings,
+    policy: &str,
+    rate: f64,
+    seed: u64,
+    jobs: &[Job],
+    result: &SimResult,
+) -> anyhow::Result<()> {
+    for (job, rec) in jobs.iter().zip(&result.records) {
+        let Some(r) = rec else { continue };
+        let jt = &s.table.job_types[job.job_type];
+        let mut types: Vec<&str> = r
+            .slots
+            .iter()
+            .map(|x| s.table.gpu_types[s.cluster.nodes[x.0].gpu_type].as_str())
+            .collect();
+        types.dedup();
+        w.write_record([
+            policy.to_owned(),
+            rate.to_string(),
+            seed.to_string(),
+            job.id.to_string(),
+            jt.family.clone(),
+            jt.name.clone(),
+            job.gpus.to_string(),
+            format!("{:.1}", r.arrival),
+            format!("{:.1}", r.start),
+            format!("{:.1}", r.end),
+            types.join("+"),
+            r.on_fastest.to_string(),
+            r.predicted.map_or_else(String::new, |p| format!("{p:.1}")),
+            r.history_runs.to_string(),
+        ])?;
+    }
     Ok(())
 }
