@@ -173,3 +173,64 @@ async fn device_plugin_with_real_kubelet_device_manager() -> anyhow::Result<()> 
     run.pass();
     Ok(())
 }
+
+/// Design §2.1 steps 2–4: the plugin reports to the orchestrator, registers with the kubelet
+/// under the unified name the orchestrator answers (here a non-default one), caches it, and
+/// keeps registering under it when the orchestrator is down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_plugin_registers_under_orchestrator_unified_name() -> anyhow::Result<()> {
+    use kudos_e2e::orchestrator::{Orchestrator, node_token};
+    let plugin = kudos_bin("kudos-device-plugin");
+    if !require_bins("device_plugin_unified_name", &[upstream_bin("kubelet-dm"), plugin.clone(), kudos_bin("kudos-orchestrator")]) {
+        return Ok(());
+    }
+    const UNIFIED: &str = "example.com/accel";
+    let run = RunDir::new("device-plugin-name")?;
+    let dm = KubeletDm::start(&run.join("kubelet"), &run.join("kubelet-dm.log")).await?;
+    let mut orch = Orchestrator::start(run.path(), None, &["e2e-node".to_string()], &[format!("--unified-resource-name={UNIFIED}")]).await?;
+    let nvml_dir = run.join("nvml");
+    std::fs::create_dir_all(&nvml_dir)?;
+    let fake = FakeNvml::new(&nvml_dir, 2)?;
+    fake.write()?;
+    let token = run.join("token");
+    std::fs::write(&token, node_token("e2e-node"))?;
+    let argv: Vec<String> = vec![
+        plugin.display().to_string(),
+        "--node-name=e2e-node".into(),
+        "--backends=nvidia".into(),
+        format!("--nvml-library={}", fake.library().display()),
+        format!("--name-cache={}", run.join("name-cache").display()),
+        format!("--orchestrator-addr=http://{}", orch.grpc_addr),
+        format!("--token-file={}", token.display()),
+        "--metrics-addr=off".into(),
+    ];
+    let env = [("KUDOS_LOG", "info".to_string())];
+    let pid = dm.spawn(&argv, &env, &run.join("kudos-device-plugin.log"))?;
+    let has = |c: &Capacity, r: &str| c.capacity.get(r).copied().unwrap_or(0) == 2;
+    let c = wait_for("registered under the orchestrator's unified name", Duration::from_secs(30), Duration::from_millis(20), || {
+        let c = dm.capacity().ok().filter(|c| has(c, UNIFIED));
+        async move { c }
+    })
+    .await?;
+    assert!(!c.capacity.contains_key(RES), "only the unified name is registered: {:?}", c.capacity);
+    let st = http::get_json(&orch.http_addr, "/state")?;
+    let entry = &st["pluginConfig"]["nodes"]["e2e-node"];
+    assert!(entry.to_string().contains("nvidia.com/gpu"), "plugin configuration records the vendor name: {st}");
+
+    // Control plane down: a restarted plugin uses the cached name.
+    orch.stop();
+    dm.kill(pid, 15)?;
+    wait_for("plugin gone", Duration::from_secs(15), Duration::from_millis(50), || {
+        let c = dm.capacity().ok().filter(|c| c.allocatable.get(UNIFIED).copied().unwrap_or(0) == 0);
+        async move { c }
+    })
+    .await?;
+    let _pid2 = dm.spawn(&argv, &env, &run.join("kudos-device-plugin-2.log"))?;
+    wait_for("re-registered from the name cache with the orchestrator down", Duration::from_secs(30), Duration::from_millis(20), || {
+        let c = dm.capacity().ok().filter(|c| has(c, UNIFIED) && c.allocatable.get(UNIFIED).copied() == Some(2));
+        async move { c }
+    })
+    .await?;
+    run.pass();
+    Ok(())
+}
