@@ -1,1 +1,262 @@
-fn main() {}
+//! `/prioritize` latency and throughput through the real HTTP stack (TCP, hyper, axum, JSON,
+//! index, scheduler-core `rank`), with 1,000 and 5,000 `NodeNames`, as kube-scheduler calls
+//! it: one call at a time on a keep-alive connection. Also times `rank` alone, to show where
+//! the time goes. Prints p50/p99 and calls/s; the goal is p99 <= 1 ms and >= 5,000 calls/s.
+//!
+//! Run: `cargo bench -p kudos-orchestrator --bench prioritize` (optional args: node counts).
+
+use kudos_orchestrator::extender::bind::LocalBinder;
+use kudos_orchestrator::extender::ledger::Ledger;
+use kudos_orchestrator::extender::types::ExtenderArgs;
+use kudos_orchestrator::extender::{ExplainCache, Extender};
+use kudos_orchestrator::http::{HttpLimits, HttpState, router};
+use kudos_orchestrator::index::{Index, SharedIndex};
+use kudos_orchestrator::metrics::Metrics;
+use kudos_orchestrator::state::{DeviceRecord, PluginConfig, RunOutcome, StoredRun, VendorEntry};
+use kudos_scheduler_core::{PodSpec, Scheduler, SchedulerConfig};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+const UNIFIED: &str = "kudos.dev/gpu";
+const MODELS: [(&str, &str); 5] = [
+    ("nvidia", "NVIDIA H100 80GB HBM3"),
+    ("nvidia", "NVIDIA A100-SXM4-80GB"),
+    ("nvidia", "Tesla V100-SXM2-16GB"),
+    ("amd", "AMD Instinct MI300X"),
+    ("nvidia", "NVIDIA L4"),
+];
+
+fn index(nodes: usize) -> SharedIndex {
+    let mut idx = Index::new(
+        UNIFIED,
+        120.0,
+        Scheduler::new(SchedulerConfig::default()),
+        false,
+    );
+    let mut cfg = PluginConfig::default();
+    for i in 0..nodes {
+        let (vendor, model) = MODELS[i % MODELS.len()];
+        let devices = (0..[8, 4, 2, 1][i % 4])
+            .map(|d| DeviceRecord {
+                id: format!("dev-{i}-{d}"),
+                model: model.into(),
+                memory_bytes: 80 << 30,
+                ..Default::default()
+            })
+            .collect();
+        cfg.upsert(
+            &format!("node-{i:05}"),
+            vendor,
+            VendorEntry {
+                vendor_resource_name: format!("{vendor}.com/gpu"),
+                devices,
+                plugin_version: "bench".into(),
+            },
+            UNIFIED,
+        );
+    }
+    idx.set_plugin_config(cfg);
+    // Some history so predictions come from several sources.
+    for seq in 1..=300u64 {
+        let node = format!("node-{:05}", (seq * 7919) as usize % nodes);
+        let run = StoredRun {
+            seq,
+            report_id: format!("r{seq}"),
+            run_id: format!("r{seq}"),
+            node: node.clone(),
+            pod_namespace: "bench".into(),
+            pod_name: format!("p{seq}"),
+            class: ["resnet50", "bert", "llm"][seq as usize % 3].into(),
+            device_ids: vec!["d".into()],
+            outcome: RunOutcome::Completed,
+            start: 1_700_000_000.0 + seq as f64 * 10.0,
+            end: 1_700_000_600.0 + seq as f64 * 10.0 + (seq % 13) as f64 * 40.0,
+            gpu_busy_seconds: 500.0,
+            progress: None,
+            work_done: None,
+            profile: idx.profile(&node),
+            received_at: 1_700_001_000.0 + seq as f64 * 10.0,
+        };
+        let _ = idx.apply_run(&run);
+    }
+    Arc::new(RwLock::new(idx))
+}
+
+fn body(nodes: usize) -> Vec<u8> {
+    let names: Vec<String> = (0..nodes).map(|i| format!("node-{i:05}")).collect();
+    serde_json::to_vec(&serde_json::json!({
+        "Pod": {
+            "metadata": {"name": "train", "namespace": "bench", "uid": "uid-train", "labels": {"kudos.dev/class": "resnet50"}},
+            "spec": {"containers": [{"name": "main", "image": "x", "resources": {"requests": {"cpu": "2", "memory": "8Gi", UNIFIED: "1"}}}]}
+        },
+        "Nodes": null,
+        "NodeNames": names,
+    }))
+    .unwrap()
+}
+
+/// One keep-alive HTTP/1.1 call; returns the body length.
+fn call(conn: &mut BufReader<std::net::TcpStream>, req: &[u8]) -> usize {
+    conn.get_mut().write_all(req).unwrap();
+    let mut len = 0usize;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        conn.read_line(&mut line).unwrap();
+        if line == "\r\n" {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            len = v.trim().parse().unwrap();
+        }
+        assert!(!line.is_empty(), "connection closed");
+    }
+    let mut buf = vec![0; len];
+    conn.read_exact(&mut buf).unwrap();
+    assert!(
+        buf.starts_with(b"[{\"Host\""),
+        "{}",
+        String::from_utf8_lossy(&buf[..buf.len().min(200)])
+    );
+    len
+}
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn main() {
+    let counts: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let counts = if counts.is_empty() {
+        vec![1000, 5000]
+    } else {
+        counts
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    println!(
+        "nodes  calls  p50_us  p99_us  max_us  calls_per_s  parse_p50_us  handler_p50_us  rank_p50_us  response_bytes"
+    );
+    for n in counts {
+        let index = index(n);
+        let metrics = Arc::new(Metrics::new());
+        let extender = Extender {
+            index: index.clone(),
+            ledger: Ledger::new(false),
+            explain: ExplainCache::default(),
+            binder: Arc::new(LocalBinder),
+            metrics: metrics.clone(),
+            unified: UNIFIED.into(),
+        };
+        let state = Arc::new(HttpState {
+            extender: Extender {
+                index: index.clone(),
+                ledger: Ledger::new(false),
+                explain: ExplainCache::default(),
+                binder: Arc::new(LocalBinder),
+                metrics: metrics.clone(),
+                unified: UNIFIED.into(),
+            },
+            index: index.clone(),
+            metrics,
+        });
+        let limits = HttpLimits {
+            prefix: "/kudos/v1".into(),
+            max_body_bytes: 64 << 20,
+            timeout: Duration::from_secs(5),
+            bind_timeout: Duration::from_secs(5),
+            max_concurrent: 64,
+        };
+        let app = router(state, &limits);
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        rt.spawn(async move { axum::serve(listener, app).await });
+
+        let payload = body(n);
+        // In-process phases: JSON parse alone, and the handler (parse excluded).
+        let mut parse_lat = Vec::new();
+        let mut handler_lat = Vec::new();
+        for _ in 0..200 {
+            let t = Instant::now();
+            let args: ExtenderArgs = serde_json::from_slice(&payload).unwrap();
+            parse_lat.push(t.elapsed());
+            let t = Instant::now();
+            std::hint::black_box(extender.prioritize(args).unwrap());
+            handler_lat.push(t.elapsed());
+        }
+        parse_lat.sort();
+        handler_lat.sort();
+        let mut req = format!(
+            "POST /kudos/v1/prioritize HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            payload.len()
+        )
+        .into_bytes();
+        req.extend_from_slice(&payload);
+        let stream = std::net::TcpStream::connect(addr).unwrap();
+        stream.set_nodelay(true).unwrap();
+        let mut conn = BufReader::new(stream);
+        let calls = if n <= 1000 { 3000 } else { 800 };
+        let mut resp_len = 0;
+        for _ in 0..calls / 10 {
+            resp_len = call(&mut conn, &req);
+        }
+        let mut lat = Vec::with_capacity(calls);
+        let t0 = Instant::now();
+        for _ in 0..calls {
+            let t = Instant::now();
+            call(&mut conn, &req);
+            lat.push(t.elapsed());
+        }
+        let total = t0.elapsed();
+        lat.sort();
+
+        // rank alone, on the same inputs.
+        let names: Vec<String> = (0..n).map(|i| format!("node-{i:05}")).collect();
+        let idx = index.read().unwrap();
+        let now = 1_700_100_000.0;
+        let (states, _) = idx.node_states(
+            names.iter().map(String::as_str),
+            &Default::default(),
+            &Default::default(),
+            now,
+        );
+        let pod = PodSpec {
+            namespace: "bench".into(),
+            name: "train".into(),
+            class: Some("resnet50".into()),
+            gpus: 1,
+            cpu_milli: 2000,
+            memory_bytes: 8 << 30,
+            work_units: None,
+            deadline_seconds: None,
+            gang: None,
+        };
+        let mut rank_lat: Vec<Duration> = (0..200)
+            .map(|i| {
+                let t = Instant::now();
+                std::hint::black_box(idx.scheduler().rank(&pod, &states, now, i));
+                t.elapsed()
+            })
+            .collect();
+        rank_lat.sort();
+        println!(
+            "{n:>5}  {calls:>5}  {:>6}  {:>6}  {:>6}  {:>11.0}  {:>12}  {:>14}  {:>11}  {resp_len:>14}",
+            pct(&lat, 0.5).as_micros(),
+            pct(&lat, 0.99).as_micros(),
+            lat.last().unwrap().as_micros(),
+            calls as f64 / total.as_secs_f64(),
+            pct(&parse_lat, 0.5).as_micros(),
+            pct(&handler_lat, 0.5).as_micros(),
+            pct(&rank_lat, 0.5).as_micros(),
+        );
+    }
+}

@@ -214,6 +214,62 @@ mod tests {
         assert!(matches!(bearer(Some("Bearer ")), Err(AuthError::Missing)));
     }
 
+    fn review_api() -> (kube::Client, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        crate::fake_api::client(std::sync::Arc::new(|method, path, body| {
+            assert_eq!(
+                (method.as_str(), path),
+                ("POST", "/apis/authentication.k8s.io/v1/tokenreviews")
+            );
+            let token = body["spec"]["token"].as_str().unwrap_or("");
+            let status = match token {
+                "agent-n1" => serde_json::json!({"authenticated": true, "user": {
+                    "username": "system:serviceaccount:kudos-system:kudos-node-agent",
+                    "extra": {NODE_NAME_EXTRA: ["n1"], "authentication.kubernetes.io/pod-name": ["agent-x"]}}}),
+                "unbound" => {
+                    serde_json::json!({"authenticated": true, "user": {"username": "alice"}})
+                }
+                _ => serde_json::json!({"authenticated": false, "error": "invalid bearer token"}),
+            };
+            (
+                201,
+                serde_json::json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": body["spec"].clone(), "status": status}),
+            )
+        }))
+    }
+
+    #[tokio::test]
+    async fn token_review_maps_node_bound_tokens_and_caches() {
+        let (client, calls) = review_api();
+        let a = TokenReviewAuthenticator::new(client, vec![], vec![], Duration::from_secs(60));
+        let id = a.authenticate("agent-n1").await.unwrap();
+        assert_eq!(id.node.as_deref(), Some("n1"));
+        a.authenticate("agent-n1").await.unwrap();
+        assert_eq!(
+            calls.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "second answer comes from the cache"
+        );
+        assert_eq!(a.authenticate("unbound").await.unwrap().node, None);
+        assert!(
+            matches!(a.authenticate("forged").await, Err(AuthError::Invalid(m)) if m.contains("invalid"))
+        );
+    }
+
+    #[tokio::test]
+    async fn token_review_enforces_allowed_users() {
+        let (client, _) = review_api();
+        let a = TokenReviewAuthenticator::new(
+            client,
+            vec![],
+            vec!["someone-else".into()],
+            Duration::from_secs(60),
+        );
+        assert!(matches!(
+            a.authenticate("agent-n1").await,
+            Err(AuthError::NotAllowed(_))
+        ));
+    }
+
     #[tokio::test]
     async fn static_tokens_map_to_nodes() {
         let a = StaticAuthenticator::new([("t1".to_owned(), "n1".to_owned())].into());

@@ -59,6 +59,8 @@ pub struct Index {
     pods: HashMap<String, (String, Requests)>,
     used: HashMap<String, Requests>,
     plugin_config: PluginConfig,
+    /// Device profile per node from `plugin_config`, computed once per configuration change.
+    profiles: HashMap<String, ProfileRecord>,
     device_health: HashMap<String, BTreeMap<String, (u32, u32)>>,
     heartbeats: HashMap<String, HeartbeatInfo>,
     scheduler: Scheduler,
@@ -83,6 +85,7 @@ impl Index {
                 unified_resource_name: unified.to_owned(),
                 ..Default::default()
             },
+            profiles: HashMap::new(),
             device_health: HashMap::new(),
             heartbeats: HashMap::new(),
             scheduler,
@@ -175,6 +178,11 @@ impl Index {
 
     /// Replaces the plugin configuration (at start, and after the registry persisted a change).
     pub fn set_plugin_config(&mut self, cfg: PluginConfig) {
+        self.profiles = cfg
+            .nodes
+            .keys()
+            .filter_map(|n| Some((n.clone(), cfg.profile(n)?)))
+            .collect();
         self.plugin_config = cfg;
     }
 
@@ -237,9 +245,10 @@ impl Index {
     /// The device profile of a node: the plugin's report first (it saw the devices), else the
     /// node's `kudos.dev/gpu-*` labels.
     pub fn profile(&self, node: &str) -> Option<ProfileRecord> {
-        self.plugin_config
-            .profile(node)
-            .or_else(|| self.nodes.get(node).and_then(|n| n.label_profile.clone()))
+        self.profiles
+            .get(node)
+            .or_else(|| self.nodes.get(node).and_then(|n| n.label_profile.as_ref()))
+            .cloned()
     }
 
     /// Builds ranking input for `names`. `from_request` holds nodes kube-scheduler sent in
@@ -258,9 +267,9 @@ impl Index {
         for name in names {
             let info = from_request.get(name).or_else(|| self.nodes.get(name));
             let Some(profile) = self
-                .plugin_config
-                .profile(name)
-                .or_else(|| info.and_then(|i| i.label_profile.clone()))
+                .profiles
+                .get(name)
+                .or_else(|| info.and_then(|i| i.label_profile.as_ref()))
             else {
                 unknown.push((
                     name.to_owned(),
@@ -283,7 +292,7 @@ impl Index {
             let health = self.health(name, info, now);
             states.push(NodeState {
                 name: name.to_owned(),
-                profile: to_profile(&profile),
+                profile: to_profile(profile),
                 free_devices: allocatable
                     .saturating_sub(used.gpus)
                     .min(u64::from(u32::MAX)) as u32,
@@ -349,6 +358,13 @@ impl Index {
                 .collect(),
             model: ModelSummary {
                 applied_seq: self.applied_seq,
+                runs: self.scheduler.state().runs(),
+                classes: self
+                    .scheduler
+                    .state()
+                    .classes()
+                    .map(str::to_owned)
+                    .collect(),
                 state: self.scheduler.state().clone(),
             },
             ready: self.ready(),
@@ -409,6 +425,10 @@ pub struct StateView {
 pub struct ModelSummary {
     /// Highest run `seq` included.
     pub applied_seq: u64,
+    /// Runs the model learned from.
+    pub runs: u64,
+    /// Classes with history.
+    pub classes: Vec<String>,
     /// The full model state.
     pub state: ModelState,
 }

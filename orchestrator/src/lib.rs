@@ -18,6 +18,8 @@
 pub mod auth;
 pub mod config;
 pub mod extender;
+#[cfg(test)]
+mod fake_api;
 pub mod grpc;
 pub mod http;
 pub mod index;
@@ -356,6 +358,7 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         tonic::transport::Server::builder()
             .timeout(Duration::from_secs(30))
             .concurrency_limit_per_connection(256)
+            .load_shed(true)
             .max_concurrent_streams(Some(1024))
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))

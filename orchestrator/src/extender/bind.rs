@@ -127,3 +127,53 @@ impl Binder for LocalBinder {
         Box::pin(std::future::ready(Ok(())))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn api(bound_to: Option<&'static str>) -> kube::Client {
+        crate::fake_api::client(Arc::new(move |method, path, body| match (method.as_str(), path) {
+            ("POST", "/api/v1/namespaces/ns/pods/p/binding") => match bound_to {
+                None => {
+                    assert_eq!(body["target"]["name"], "n1");
+                    assert_eq!(body["target"]["kind"], "Node");
+                    (201, serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}))
+                }
+                Some(_) => (409, crate::fake_api::status(409, "Conflict")),
+            },
+            ("GET", "/api/v1/namespaces/ns/pods/p") => (
+                200,
+                serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns"},
+                    "spec": {"nodeName": bound_to, "containers": []}}),
+            ),
+            other => panic!("unexpected request {other:?}"),
+        }))
+        .0
+    }
+
+    #[tokio::test]
+    async fn bind_creates_binding() {
+        KubeBinder::new(api(None))
+            .bind("ns", "p", "u", "n1")
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn bind_is_idempotent() {
+        KubeBinder::new(api(Some("n1")))
+            .bind("ns", "p", "u", "n1")
+            .await
+            .unwrap();
+        let e = KubeBinder::new(api(Some("n2")))
+            .bind("ns", "p", "u", "n1")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, BindError::BoundElsewhere { ref bound, .. } if bound == "n2"),
+            "{e}"
+        );
+    }
+}

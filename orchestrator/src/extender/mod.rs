@@ -62,9 +62,9 @@ pub struct ExplainCache {
 }
 
 impl ExplainCache {
-    fn put(&self, key: String, e: Explained) {
+    fn put(&self, key: String, e: Arc<Explained>) {
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if g.0.insert(key.clone(), Arc::new(e)).is_none() {
+        if g.0.insert(key.clone(), e).is_none() {
             g.1.push_back(key);
             while g.1.len() > MAX_EXPLAINED {
                 if let Some(old) = g.1.pop_front() {
@@ -99,8 +99,8 @@ pub struct Extender {
 
 /// The outcome of evaluating one pod against candidate nodes.
 struct Evaluation {
-    ranking: Ranking,
-    unknown: Vec<(String, String)>,
+    /// The ranking and unknown nodes, shared with the explain cache (no copy).
+    explained: Arc<Explained>,
     /// Open gang slots, when the pod is in a gang with a live reservation.
     gang_open: Option<HashSet<String>>,
     /// Why a gang could not be placed.
@@ -206,20 +206,20 @@ impl Extender {
             }
         }
         drop(index);
+        let explained = Arc::new(Explained {
+            verb,
+            computed_at: now,
+            seed,
+            ranking,
+            gang_reservation: reservation,
+            unknown_nodes: unknown,
+        });
         self.explain.put(
             format!("{}/{}", facts.namespace, facts.name),
-            Explained {
-                verb,
-                computed_at: now,
-                seed,
-                ranking: ranking.clone(),
-                gang_reservation: reservation,
-                unknown_nodes: unknown.clone(),
-            },
+            explained.clone(),
         );
         Evaluation {
-            ranking,
-            unknown,
+            explained,
             gang_open,
             gang_error,
         }
@@ -254,6 +254,7 @@ impl Extender {
         let _g = span.enter();
         let ev = self.evaluate("filter", &args, &facts, &names);
         let mut failed: std::collections::BTreeMap<String, String> = ev
+            .explained
             .ranking
             .rejected
             .iter()
@@ -261,9 +262,14 @@ impl Extender {
             .collect();
         // No accelerators known: preemption cannot help, so kube-scheduler should not try.
         let unresolvable: std::collections::BTreeMap<String, String> =
-            ev.unknown.into_iter().collect();
-        let mut passed: HashSet<&str> =
-            ev.ranking.entries.iter().map(|e| e.node.as_str()).collect();
+            ev.explained.unknown_nodes.iter().cloned().collect();
+        let mut passed: HashSet<&str> = ev
+            .explained
+            .ranking
+            .entries
+            .iter()
+            .map(|e| e.node.as_str())
+            .collect();
         if let Some(err) = &ev.gang_error {
             for n in passed.drain() {
                 failed.insert(n.to_owned(), err.clone());
@@ -333,6 +339,7 @@ impl Extender {
         let _g = span.enter();
         let ev = self.evaluate("prioritize", &args, &facts, &names);
         let scores: HashMap<&str, u8> = ev
+            .explained
             .ranking
             .entries
             .iter()
