@@ -57,6 +57,8 @@ struct Outcome {
     bound: usize,
     bind_window: Duration,
     since_start: Duration,
+    /// (verb, mean ms, calls) as the orchestrator measured its extender handlers.
+    extender_ms: Vec<(String, f64, u64)>,
 }
 
 impl Outcome {
@@ -146,8 +148,12 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
     }
     watch.abort();
     cp.check_running()?;
+    let mut extender_ms = Vec::new();
     if let Some(orc) = orch.as_mut() {
         orc.check_running()?;
+        if let Ok(r) = kudos_e2e::http::request("GET", &orc.http_addr, "/metrics", None) {
+            extender_ms = extender_means(&String::from_utf8_lossy(&r.body));
+        }
         orc.stop();
     }
     if bound.len() == o.pods {
@@ -161,7 +167,29 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
         bound: bound.len(),
         bind_window: l - f,
         since_start: l - start,
+        extender_ms,
     })
+}
+
+/// Mean extender handling time per verb (ms, count) from the orchestrator's own histogram.
+fn extender_means(metrics: &str) -> Vec<(String, f64, u64)> {
+    let base = "kudos_orchestrator_extender_request_duration_seconds";
+    let mut sums = std::collections::BTreeMap::<String, (f64, u64)>::new();
+    for l in metrics.lines() {
+        let (is_sum, rest) = if let Some(r) = l.strip_prefix(&format!("{base}_sum{{")) {
+            (true, r)
+        } else if let Some(r) = l.strip_prefix(&format!("{base}_count{{")) {
+            (false, r)
+        } else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else { continue };
+        let verb = labels.split(',').find_map(|kv| kv.strip_prefix("verb=")).unwrap_or(labels).trim_matches('"').to_string();
+        let v: f64 = value.split_whitespace().next().and_then(|x| x.parse().ok()).unwrap_or(0.0);
+        let e = sums.entry(verb).or_default();
+        if is_sum { e.0 += v } else { e.1 += v as u64 }
+    }
+    sums.into_iter().filter(|(_, (_, c))| *c > 0).map(|(k, (s, c))| (k, s * 1000.0 / c as f64, c)).collect()
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -185,6 +213,11 @@ async fn main() -> Result<()> {
             r.mode, r.nodes, r.pods, r.bound, r.bind_window.as_secs_f64(), r.since_start.as_secs_f64(), r.rate()
         );
     }
+    for r in &out {
+        for (verb, ms, n) in &r.extender_ms {
+            println!("{}: extender {verb}: mean {ms:.2} ms over {n} calls (orchestrator's histogram)", r.mode);
+        }
+    }
     let base = out.iter().find(|r| r.mode == "baseline").map(Outcome::rate);
     let kudos = out.iter().find(|r| r.mode == "kudos").map(Outcome::rate);
     let ratio = match (base, kudos) {
@@ -197,7 +230,8 @@ async fn main() -> Result<()> {
     let json = json!({
         "results": out.iter().map(|r| json!({"mode": r.mode, "nodes": r.nodes, "pods": r.pods, "bound": r.bound,
             "bind_window_s": r.bind_window.as_secs_f64(), "since_scheduler_start_s": r.since_start.as_secs_f64(),
-            "pods_per_s": r.rate()})).collect::<Vec<_>>(),
+            "pods_per_s": r.rate(),
+            "extender_mean_ms": r.extender_ms.iter().map(|(v, ms, n)| json!({"verb": v, "mean_ms": ms, "calls": n})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
         "ratio": ratio,
     });
     println!("{json}");
