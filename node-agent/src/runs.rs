@@ -372,10 +372,11 @@ fn account(run: &mut Run, now_ms: i64, cfg: &RunConfig, by_uuid: &HashMap<&str, 
         run.util_n += 1;
         run.peak_util = run.peak_util.max(s.gpu_util_percent);
         mem = mem.saturating_add(s.memory_used_bytes);
-        // The driver's energy counter when there is one (exact), else power times interval.
+        // The driver's energy counter when there is one and it moves (exact), else power
+        // times the interval (older GPUs, vGPUs, counters that are stuck).
         let counted = s.energy_joules.and_then(|e| {
             let prev = run.last_energy.insert((*uuid).to_owned(), e)?;
-            (e >= prev && e - prev <= 2_000.0 * cap.max(dt)).then_some(e - prev)
+            (e > prev && e - prev <= 2_000.0 * cap.max(dt)).then_some(e - prev)
         });
         run.energy_j += counted.unwrap_or_else(|| s.power_watts.unwrap_or(0.0) * dt);
     }

@@ -1,75 +1,82 @@
 use super::*;
-use crate::attribution::PodResources;
 use crate::attribution::tests::{FakeKubelet, pod, serve};
-use crate::podmeta::{PodMeta, PodMetaStore};
+use crate::attribution::{PodResources, StaticAssignments};
+use crate::podmeta::{NoPodMeta, PodMeta, PodMetaStore};
 use crate::runs::RunConfig;
-use crate::sample::FakeGpus;
+use crate::sample::{FakeGpus, GpuBackend};
+use kudos_nvml::fake::FakeNvml;
 
-async fn tick_for(agent: &mut Agent<PodResources>, d: Duration, period: Duration) {
-    for _ in 0..d.as_millis() / period.as_millis() {
+const PERIOD: Duration = Duration::from_millis(100);
+
+async fn tick_for<A: AssignmentSource>(agent: &mut Agent<A>, d: Duration) {
+    for _ in 0..d.as_millis() / PERIOD.as_millis() {
         agent.tick().await;
-        tokio::time::sleep(period).await;
+        tokio::time::sleep(PERIOD).await;
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn assigned_busy_released_through_the_kubelet_api_gives_one_completed_report() {
+fn tracker() -> RunTracker {
+    RunTracker::new(RunConfig {
+        node: "node-a".into(),
+        busy_threshold_percent: 10.0,
+        period: PERIOD,
+        progress_period: None,
+    })
+}
+
+/// Assigned → idle → busy → idle → released through a kubelet stand-in, with `set(device,
+/// util, memory)` changing the GPUs under the running agent.
+async fn scenario(
+    backend: Arc<dyn GpuBackend>,
+    u0: String,
+    model: &str,
+    mut set: impl FnMut(usize, u32, u64),
+) {
     let dir = tempfile::tempdir().expect("tempdir");
     let sock = dir.path().join("kubelet.sock");
     let kubelet = FakeKubelet::default();
     serve(kubelet.clone(), &sock);
-    let fake = Arc::new(FakeGpus::new(2));
-    let (u0, u1) = (FakeGpus::uuid(0), FakeGpus::uuid(1));
-    let period = Duration::from_millis(100);
-    let sampler = Sampler::new(fake.clone(), Duration::from_millis(50))
+    let sampler = Sampler::new(backend, Duration::from_secs(1))
         .await
         .expect("sampler");
     let pr = PodResources::new(&sock, vec!["kudos.dev/gpu".into()], Duration::from_secs(1))
         .expect("client");
     let meta = PodMetaStore::default();
-    meta.apply(
-        "ml",
-        "train",
-        PodMeta {
-            uid: "uid-1".into(),
-            class: "resnet50".into(),
-            ..Default::default()
-        },
-    );
+    let uid = PodMeta {
+        uid: "uid-1".into(),
+        class: "resnet50".into(),
+        ..Default::default()
+    };
+    meta.apply("ml", "train", uid);
     let outbox = Arc::new(Outbox::open(&dir.path().join("outbox"), 1000).expect("outbox"));
     let metrics = Metrics::new("node-a");
-    let tracker = RunTracker::new(RunConfig {
-        node: "node-a".into(),
-        busy_threshold_percent: 10.0,
-        period,
-        progress_period: None,
-    });
     let health = Arc::new(DeviceHealth::default());
     let mut agent = Agent::new(
         "node-a".into(),
         sampler,
         pr,
         Arc::new(meta),
-        tracker,
+        tracker(),
         outbox.clone(),
         metrics.clone(),
         health.clone(),
     );
 
     let t0 = Instant::now();
+    let held = format!("nv-{u0}");
     *kubelet.pods.lock().expect("lock") = vec![pod(
         "ml",
         "train",
-        &[("main", "kudos.dev/gpu", &[&format!("nv-{u0}")])],
+        &[("main", "kudos.dev/gpu", &[held.as_str()])],
     )];
-    tick_for(&mut agent, Duration::from_millis(300), period).await;
-    fake.set(&u0, 95.0, 3 << 30);
-    fake.set(&u1, 95.0, 1 << 30); // busy, but not this pod's device
+    tick_for(&mut agent, Duration::from_millis(300)).await;
+    set(0, 95, 3 << 30);
+    set(1, 95, 1 << 30); // busy, but not this pod's device
     let busy_start = Instant::now();
-    tick_for(&mut agent, Duration::from_millis(1000), period).await;
-    fake.set(&u0, 0.0, 0);
+    tick_for(&mut agent, Duration::from_millis(1000)).await;
+    set(0, 0, 0);
     let busy = busy_start.elapsed();
-    tick_for(&mut agent, Duration::from_millis(300), period).await;
+    tick_for(&mut agent, Duration::from_millis(300)).await;
     assert!(
         metrics
             .render()
@@ -77,28 +84,24 @@ async fn assigned_busy_released_through_the_kubelet_api_gives_one_completed_repo
     );
     assert_eq!(health.healthy.load(Ordering::Relaxed), 2);
     kubelet.pods.lock().expect("lock").clear();
-    tick_for(&mut agent, Duration::from_millis(300), period).await;
+    tick_for(&mut agent, Duration::from_millis(300)).await;
     let total = t0.elapsed();
 
     let reports = outbox.pending(None, 100).expect("pending");
     assert_eq!(reports.len(), 1, "{reports:#?}");
     let r = &reports[0].1;
     assert_eq!(r.state, RunState::Completed as i32);
-    assert_eq!(r.device_ids, vec![format!("nv-{u0}")]);
-    assert_eq!(r.device_models, vec!["Kudos Fake GPU 80GB"]);
-    assert_eq!(
-        (r.pod_uid.as_str(), r.class.as_str(), r.node.as_str()),
-        ("uid-1", "resnet50", "node-a")
-    );
+    assert_eq!(r.device_ids, vec![held.clone()]);
+    assert_eq!(r.device_models, vec![model]);
+    let who = (r.pod_uid.as_str(), r.class.as_str(), r.node.as_str());
+    assert_eq!(who, ("uid-1", "resnet50", "node-a"));
     // Busy time within one period (plus scheduling slack of the shared test machine).
-    let slack = period.as_secs_f64() * 1.5;
-    assert!(
-        (r.gpu_busy_seconds - busy.as_secs_f64()).abs() <= slack,
-        "busy {} vs {:?}",
-        r.gpu_busy_seconds,
-        busy
-    );
+    let slack = PERIOD.as_secs_f64() * 1.5;
+    let err = (r.gpu_busy_seconds - busy.as_secs_f64()).abs();
+    assert!(err <= slack, "busy {} vs {busy:?}", r.gpu_busy_seconds);
     assert_eq!(r.peak_memory_bytes, 3 << 30);
+    assert_eq!(r.peak_utilization_percent, 95.0);
+    assert!(r.energy_joules > 0.0);
     let dur = (r.end_unix_ms - r.start_unix_ms) as f64 / 1000.0;
     assert!(
         dur <= total.as_secs_f64() + 0.1 && dur >= 1.5,
@@ -108,4 +111,83 @@ async fn assigned_busy_released_through_the_kubelet_api_gives_one_completed_repo
         !metrics.render().contains(r#"pod="train""#),
         "labels follow the release"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_through_the_kubelet_api_with_in_memory_gpus() {
+    let fake = Arc::new(FakeGpus::new(2));
+    let f = fake.clone();
+    scenario(
+        fake,
+        FakeGpus::uuid(0),
+        "Kudos Fake GPU 80GB",
+        move |i, util, mem| {
+            f.set(&FakeGpus::uuid(i as u32), f64::from(util), mem);
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_through_the_kubelet_api_with_the_fake_nvml_library() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut fake = FakeNvml::new(dir.path(), 2).expect("fake nvml");
+    let backend = crate::nvml::NvmlBackend::new(Some(fake.library())).expect("nvml");
+    let u0 = fake.devices[0].uuid.clone();
+    scenario(
+        Arc::new(backend),
+        u0,
+        "NVIDIA H100 80GB HBM3",
+        move |i, util, mem| {
+            fake.devices[i].gpu_utilization_percent = util;
+            fake.devices[i].memory_used_bytes = mem;
+            fake.write().expect("write fake config");
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_outbox_refuses_a_completed_run_with_an_error_metric() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let outbox = Arc::new(Outbox::open(dir.path(), 1).expect("outbox"));
+    let old = RunReport {
+        report_id: "old".into(),
+        state: RunState::Completed as i32,
+        ..Default::default()
+    };
+    outbox.push(&[old]).expect("fill");
+    let gpus = Arc::new(FakeGpus::new(1));
+    let sampler = Sampler::new(gpus, Duration::from_secs(1))
+        .await
+        .expect("sampler");
+    let assignments = StaticAssignments::default();
+    let metrics = Metrics::new("node-a");
+    let mut agent = Agent::new(
+        "node-a".into(),
+        sampler,
+        assignments,
+        Arc::new(NoPodMeta),
+        tracker(),
+        outbox.clone(),
+        metrics.clone(),
+        Arc::new(DeviceHealth::default()),
+    );
+    agent.assignments.set(vec![Assignment {
+        namespace: "ml".into(),
+        pod: "p".into(),
+        container: "c".into(),
+        device_ids: vec![FakeGpus::uuid(0)],
+    }]);
+    agent.tick().await;
+    agent.assignments.set(vec![]);
+    agent.tick().await;
+    let text = metrics.render();
+    let line = r#"kudos_outbox_dropped_reports_total{state="completed",reason="full"} 1"#;
+    assert!(text.contains(line), "{text}");
+    assert!(text.contains("kudos_runs_ended_total{state=\"completed\"} 1"));
+    // What was stored before is untouched.
+    let kept = outbox.pending(None, 10).expect("pending");
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept[0].1.report_id, "old");
 }
