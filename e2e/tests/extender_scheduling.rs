@@ -84,6 +84,17 @@ async fn extender_steers_class_to_fastest_model_and_explain_agrees() -> anyhow::
     bound_node(&pods, "plain").await?;
     bound_node(&pods, "no-class").await?;
 
+    // Before any history the class is ranked by the capability prior (no T4 preference).
+    pods.create(&PostParams::default(), &pod("before-history", Some(CLASS), Some(1))).await?;
+    let before = bound_node(&pods, "before-history").await?;
+    let ex = orch.explain("default", "before-history")?;
+    let top_before: Vec<String> = ex["ranking"]["entries"].as_array().cloned().unwrap_or_default().iter()
+        .filter(|e| e["rank"].as_u64() <= Some(3)).map(|e| format!("{}:{}", e["node"], e["score"])).collect();
+    eprintln!("before history: bound to {before}; top of /explain: {top_before:?}");
+    let nodes: Api<Node> = Api::all(cp.client.clone());
+    let model_before = nodes.get(&before).await?.metadata.labels.and_then(|l| l.get(MODEL_LABEL).cloned()).unwrap_or_default();
+    assert_ne!(model_before, "T4", "without history the capability prior must not pick the T4 (else the test below proves nothing)");
+
     // History: every node ran the class several times; T4 nodes took 100 s, P100 300 s,
     // V100 400 s.
     let secs = |m: &str| match m {
@@ -102,7 +113,6 @@ async fn extender_steers_class_to_fastest_model_and_explain_agrees() -> anyhow::
         report_runs(&orch.grpc_addr, &s.name, reports).await?;
     }
 
-    let nodes: Api<Node> = Api::all(cp.client.clone());
     for i in 0..6 {
         let name = format!("{CLASS}-{i}");
         pods.create(&PostParams::default(), &pod(&name, Some(CLASS), Some(1))).await?;
