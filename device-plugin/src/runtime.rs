@@ -258,6 +258,14 @@ struct Registered {
     server_inode: Option<u64>,
 }
 
+/// Sleeps until `at`, or forever when `None`.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Serves and keeps the plugin registered until `shutdown` resolves.
 pub async fn run(
     l: Lifecycle,
@@ -288,6 +296,7 @@ pub async fn run(
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
     let mut ever_registered = false;
+    let mut stream_check_at: Option<tokio::time::Instant> = None;
     let mut name_open = true;
 
     loop {
@@ -304,9 +313,21 @@ pub async fn run(
         let name_changed = registered.as_ref().is_some_and(|r| r.name != current_name);
         if !socket_ok || name_changed {
             if let Some(s) = server.take() {
-                stop_server(s).await;
+                // Drain the old instance in the background: its socket is gone or renamed,
+                // and waiting for its connections would delay the new registration.
+                tokio::spawn(stop_server(s));
             }
-            server = Some(start_server(&shared, &l.socket())?);
+            // A failure here (directory gone mid-restart) is retried, not fatal: the node's
+            // GPUs must come back once the kubelet has settled.
+            server = match start_server(&shared, &l.socket()) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot serve the plugin socket; retrying in 1 s");
+                    let _ = std::fs::create_dir_all(&l.dir);
+                    retry_at = Some(tokio::time::Instant::now() + Duration::from_secs(1));
+                    None
+                }
+            };
             registered = None;
             if !socket_ok {
                 reason = "own_socket_removed";
@@ -326,7 +347,7 @@ pub async fn run(
             name: current_name.clone(),
             server_inode,
         };
-        if kubelet_inode.is_some() && registered.as_ref() != Some(&want) {
+        if server.is_some() && kubelet_inode.is_some() && registered.as_ref() != Some(&want) {
             match register(
                 &l.kubelet(),
                 &l.socket_name,
@@ -346,9 +367,10 @@ pub async fn run(
                     retry_at = None;
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "registration failed; retrying in 1 s");
+                    // The kubelet creates its socket a moment before it listens: retry soon.
+                    tracing::warn!(error = %e, "registration failed; retrying in 200 ms");
                     metrics.registration(false);
-                    retry_at = Some(tokio::time::Instant::now() + Duration::from_secs(1));
+                    retry_at = Some(tokio::time::Instant::now() + Duration::from_millis(200));
                 }
             }
         } else if kubelet_inode.is_none() && registered.is_none() {
@@ -356,12 +378,8 @@ pub async fn run(
         }
 
         // === wait for a reason to look again ===
-        let retry = async {
-            match retry_at {
-                Some(t) => tokio::time::sleep_until(t).await,
-                None => std::future::pending().await,
-            }
-        };
+        let retry = sleep_until(retry_at);
+        let stream_check = sleep_until(stream_check_at);
         tokio::select! {
             _ = &mut shutdown => break,
             Some(what) = wake.recv() => {
@@ -372,8 +390,12 @@ pub async fn run(
             }
             _ = streams.closed.notified() => {
                 // The kubelet closes the old stream when it accepts a new registration; give
-                // a replacement stream time to open before deciding the stream is gone.
-                tokio::time::sleep(Duration::from_millis(300)).await;
+                // a replacement stream time to open before deciding the stream is gone. A
+                // timer, not a sleep here, so socket events are not held up meanwhile.
+                stream_check_at = Some(tokio::time::Instant::now() + Duration::from_millis(300));
+            }
+            _ = stream_check => {
+                stream_check_at = None;
                 stream_closed = true;
             }
             // Without an orchestrator nobody publishes names: the sender is gone for good.
