@@ -177,6 +177,7 @@ mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::PodStatus;
     use kube::api::ObjectMeta;
+    use std::time::Duration;
 
     #[test]
     fn reads_class_work_and_phase_from_the_pod_object_only() {
@@ -210,5 +211,58 @@ mod tests {
         let bare = meta_of(&Pod::default());
         assert_eq!(bare.class, "");
         assert!(!bare.ended);
+    }
+
+    /// The watcher against an API-server stand-in: it lists only this node's pods (field
+    /// selector) and fills the store from the list.
+    #[tokio::test]
+    async fn watcher_lists_only_this_nodes_pods_into_the_store() {
+        use kube::client::Body;
+        use std::sync::Mutex;
+        let queries: Arc<Mutex<Vec<String>>> = Arc::default();
+        let seen = queries.clone();
+        let pod = serde_json::json!({
+            "apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "7"},
+            "items": [{
+                "metadata": {"name": "train", "namespace": "ml", "uid": "u-9",
+                             "labels": {"kudos.dev/class": "bert"},
+                             "annotations": {"kudos.dev/work": "12.5"}},
+                "status": {"phase": "Running"}
+            }]
+        });
+        let body = serde_json::to_vec(&pod).expect("json");
+        let svc = tower::service_fn(move |req: http::Request<Body>| {
+            let q = req.uri().query().unwrap_or("").to_owned();
+            seen.lock().expect("lock").push(q.clone());
+            let body = body.clone();
+            async move {
+                if q.contains("watch=true") {
+                    // Hold the watch open: nothing changes during the test.
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                }
+                Ok::<_, std::convert::Infallible>(http::Response::new(Body::from(body)))
+            }
+        });
+        let client = kube::Client::new(svc, "default");
+        let store = PodMetaStore::default();
+        let task = spawn_pod_watcher(client, "node-a".into(), store.clone());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while store.get("ml", "train").is_none() {
+            assert!(std::time::Instant::now() < deadline, "pod never arrived");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        task.abort();
+        let m = store.get("ml", "train").expect("pod");
+        assert_eq!(
+            (m.uid.as_str(), m.class.as_str(), m.work),
+            ("u-9", "bert", Some(12.5))
+        );
+        let q = queries.lock().expect("lock").clone();
+        assert!(!q.is_empty());
+        assert!(
+            q.iter()
+                .all(|q| q.contains("fieldSelector=spec.nodeName%3Dnode-a")),
+            "every request is limited to this node: {q:?}"
+        );
     }
 }
