@@ -44,7 +44,7 @@ impl KubeletDm {
         let mut cmd = Command::new(upstream_bin("kubelet-dm"));
         cmd.arg(format!("--root-dir={}", root.display()))
             .arg(format!("--addr-file={}", addr_file.display()))
-            .arg("--v=4");
+            .arg(format!("--v={}", std::env::var("KUDOS_E2E_KUBELET_V").unwrap_or_else(|_| "2".into())));
         let mut proc = Proc::spawn("kubelet-dm", cmd, log)?;
         let addr = wait_for("kubelet-dm address", Duration::from_secs(20), Duration::from_millis(50), || {
             let f = addr_file.clone();
