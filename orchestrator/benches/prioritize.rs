@@ -142,7 +142,7 @@ fn main() {
         .build()
         .unwrap();
     println!(
-        "nodes  calls  p50_us  p99_us  max_us  calls_per_s  parse_p50_us  handler_p50_us  rank_p50_us  response_bytes"
+        "nodes  calls  p50_us  p99_us  max_us  calls_per_s  parse_p50_us  handler_p50_us  states_p50_us  rank_p50_us  response_bytes"
     );
     for n in counts {
         let index = index(n);
@@ -223,6 +223,19 @@ fn main() {
         let names: Vec<String> = (0..n).map(|i| format!("node-{i:05}")).collect();
         let idx = index.read().unwrap();
         let now = 1_700_100_000.0;
+        let mut states_lat: Vec<Duration> = (0..200)
+            .map(|_| {
+                let t = Instant::now();
+                std::hint::black_box(idx.node_states(
+                    names.iter().map(String::as_str),
+                    &Default::default(),
+                    &Default::default(),
+                    now,
+                ));
+                t.elapsed()
+            })
+            .collect();
+        states_lat.sort();
         let (states, _) = idx.node_states(
             names.iter().map(String::as_str),
             &Default::default(),
@@ -249,13 +262,14 @@ fn main() {
             .collect();
         rank_lat.sort();
         println!(
-            "{n:>5}  {calls:>5}  {:>6}  {:>6}  {:>6}  {:>11.0}  {:>12}  {:>14}  {:>11}  {resp_len:>14}",
+            "{n:>5}  {calls:>5}  {:>6}  {:>6}  {:>6}  {:>11.0}  {:>12}  {:>14}  {:>13}  {:>11}  {resp_len:>14}",
             pct(&lat, 0.5).as_micros(),
             pct(&lat, 0.99).as_micros(),
             lat.last().unwrap().as_micros(),
             calls as f64 / total.as_secs_f64(),
             pct(&parse_lat, 0.5).as_micros(),
             pct(&handler_lat, 0.5).as_micros(),
+            pct(&states_lat, 0.5).as_micros(),
             pct(&rank_lat, 0.5).as_micros(),
         );
     }

@@ -459,3 +459,50 @@ mod tests {
         assert!(!valid_resource_name("Kudos.dev/gpu"));
     }
 }
+
+#[cfg(test)]
+mod precedence_tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn cli_overrides_file_and_file_overrides_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(
+            &path,
+            "apiVersion: kudos.dev/v1alpha1\nkind: OrchestratorConfig\nlisten:\n  http: 127.0.0.1:1000\n  grpc: 127.0.0.1:2000\nextender:\n  pathPrefix: /x/\n",
+        )
+        .unwrap();
+        let args = crate::Args::try_parse_from([
+            "kudos-orchestrator",
+            "--config",
+            path.to_str().unwrap(),
+            "--http-listen",
+            "127.0.0.1:3000",
+        ])
+        .unwrap();
+        let s = Settings::resolve(&args).unwrap();
+        assert_eq!(s.http_listen.port(), 3000, "CLI wins");
+        assert_eq!(s.grpc_listen.port(), 2000, "file beats default");
+        assert_eq!(s.extender_prefix, "/x");
+        assert_eq!(s.unified_resource_name, DEFAULT_UNIFIED_RESOURCE);
+    }
+
+    #[test]
+    fn invalid_values_name_their_field() {
+        let text = "apiVersion: kudos.dev/v1alpha1\nkind: OrchestratorConfig\nscheduler:\n  threshold_factor: 0.5\n";
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, text).unwrap();
+        let args = crate::Args::try_parse_from(["x", "--config", path.to_str().unwrap()]).unwrap();
+        let e = Settings::resolve(&args).unwrap_err().to_string();
+        assert!(
+            e.contains("scheduler") && e.contains("threshold_factor"),
+            "{e}"
+        );
+        let args = crate::Args::try_parse_from(["x", "--unified-resource-name", "gpu"]).unwrap();
+        let e = Settings::resolve(&args).unwrap_err().to_string();
+        assert!(e.contains("unifiedResourceName"), "{e}");
+    }
+}

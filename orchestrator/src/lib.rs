@@ -20,6 +20,7 @@ pub mod config;
 pub mod extender;
 #[cfg(test)]
 mod fake_api;
+pub mod fasthash;
 pub mod grpc;
 pub mod http;
 pub mod index;

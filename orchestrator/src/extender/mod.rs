@@ -33,6 +33,9 @@ use types::{
 
 const MAX_EXPLAINED: usize = 4096;
 
+type FastSet<T> =
+    std::collections::HashSet<T, std::hash::BuildHasherDefault<crate::fasthash::FxHasher>>;
+
 /// What `GET /explain/{namespace}/{pod}` returns: the last ranking computed for the pod.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -263,7 +266,7 @@ impl Extender {
         // No accelerators known: preemption cannot help, so kube-scheduler should not try.
         let unresolvable: std::collections::BTreeMap<String, String> =
             ev.explained.unknown_nodes.iter().cloned().collect();
-        let mut passed: HashSet<&str> = ev
+        let mut passed: FastSet<&str> = ev
             .explained
             .ranking
             .entries
@@ -338,7 +341,7 @@ impl Extender {
         let span = tracing::debug_span!("prioritize", pod = %format!("{}/{}", facts.namespace, facts.name), class = facts.class.as_deref().unwrap_or(""), nodes = names.len());
         let _g = span.enter();
         let ev = self.evaluate("prioritize", &args, &facts, &names);
-        let scores: HashMap<&str, u8> = ev
+        let scores: crate::fasthash::FastMap<&str, u8> = ev
             .explained
             .ranking
             .entries
