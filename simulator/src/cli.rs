@@ -5,6 +5,7 @@
 
 use crate::cluster::{self, Cluster, ClusterShape};
 use crate::data::{self, paths};
+use crate::kudos::KudosOptions;
 use crate::policy::POLICY_NAMES;
 use crate::throughput::ThroughputTable;
 use crate::workload::{WorkloadConfig, WorkloadKind};
@@ -85,9 +86,15 @@ pub struct Args {
     /// fastest-type's static preference, most preferred first. Default: GPU types by geometric-mean throughput over the table.
     #[arg(long, value_delimiter = ',', value_name = "TYPES")]
     pub prefer: Option<Vec<String>>,
+    /// Label each pod's class with its job type (model and batch size) instead of its model family, to see what finer class labels would give Kudos.
+    #[arg(long)]
+    pub class_by_job_type: bool,
     /// Do not declare each job's step count to Kudos as its work (kudos.dev/work); Kudos then predicts from the class alone.
     #[arg(long)]
     pub no_work: bool,
+    /// scheduler-core configuration for the kudos policy, as JSON (`SchedulerConfig`; omitted fields keep their defaults), e.g. {"threshold_factor": 1.1}.
+    #[arg(long, value_name = "FILE")]
+    pub kudos_config: Option<PathBuf>,
     /// Print the results as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -119,8 +126,8 @@ pub struct Settings {
     pub policies: Vec<String>,
     /// fastest-type's preference (GPU type indices).
     pub preference: Vec<usize>,
-    /// Declare work units to Kudos.
-    pub declare_work: bool,
+    /// How the kudos policy drives scheduler-core.
+    pub kudos: KudosOptions,
     /// JSON output.
     pub json: bool,
     /// Plot path.
@@ -290,6 +297,18 @@ impl Settings {
             None => table.types_by_mean_speed(),
         };
         let window = a.window.as_deref().map(parse_window).transpose()?;
+        let kudos_config = match &a.kudos_config {
+            Some(p) => {
+                let text = data::read(p)?;
+                let c: kudos_scheduler_core::SchedulerConfig = serde_json::from_str(&text)
+                    .with_context(|| format!("--kudos-config {}", p.display()))?;
+                c.validate()
+                    .with_context(|| format!("--kudos-config {}", p.display()))?;
+                sources.push_str(&format!(", kudos config: {}", p.display()));
+                c
+            }
+            None => kudos_scheduler_core::SchedulerConfig::default(),
+        };
         let jobs = a.jobs.unwrap_or(default_jobs);
         if jobs == 0 {
             bail!("--jobs must be at least 1");
@@ -311,7 +330,11 @@ impl Settings {
             seeds: a.seeds.clone(),
             policies: a.policies.clone(),
             preference,
-            declare_work: !a.no_work,
+            kudos: KudosOptions {
+                config: kudos_config,
+                declare_work: !a.no_work,
+                class_by_job_type: a.class_by_job_type,
+            },
             json: a.json,
             plot: a.plot.clone(),
             jobs_csv: a.jobs_csv.clone(),
@@ -366,14 +389,19 @@ impl Settings {
     pub fn describe_text(&self) -> String {
         let w = self.window_for(self.workload.jobs);
         format!(
-            "kudos-sim: workload {}, {} jobs (JCT over jobs {}..{}), noise sigma {:.4}, work declared to Kudos: {}\n\
+            "kudos-sim: workload {}, {} jobs (JCT over jobs {}..{}), noise sigma {:.4}, work declared to Kudos: {}, class: {}\n\
              cluster: {}\n{}\n",
             self.workload_name(),
             self.workload.jobs,
             w.start,
             w.end,
             self.workload.noise_sigma,
-            if self.declare_work { "yes" } else { "no" },
+            if self.kudos.declare_work { "yes" } else { "no" },
+            if self.kudos.class_by_job_type {
+                "job type"
+            } else {
+                "model family"
+            },
             self.cluster_text(),
             self.sources
         )
@@ -388,7 +416,8 @@ impl Settings {
             "window": [w.start, w.end],
             "noise_sigma": self.workload.noise_sigma,
             "reference_gpu": self.table.gpu_types[self.workload.reference_gpu],
-            "declare_work": self.declare_work,
+            "declare_work": self.kudos.declare_work,
+            "class_by_job_type": self.kudos.class_by_job_type,
             "cluster": self.cluster_text(),
             "sources": self.sources,
             "rates": self.rates,

@@ -22,20 +22,37 @@ const NODE_CPU_MILLI: u64 = 64_000;
 /// Memory given to every simulated node, bytes.
 const NODE_MEMORY_BYTES: u64 = 256 << 30;
 
+/// How the simulator drives scheduler-core.
+#[derive(Clone, Debug, Default)]
+pub struct KudosOptions {
+    /// scheduler-core's configuration.
+    pub config: SchedulerConfig,
+    /// Pods declare their step count as `kudos.dev/work`.
+    pub declare_work: bool,
+    /// The class label is the job type (model and batch size) instead of the model family:
+    /// what finer labels by users would give.
+    pub class_by_job_type: bool,
+}
+
 /// Kudos through scheduler-core.
 pub struct KudosPolicy {
     scheduler: Scheduler,
     seed: u64,
     declare_work: bool,
+    class_by_job_type: bool,
     profiles: Vec<DeviceProfile>,
     index: HashMap<String, usize>,
     rejected: u64,
 }
 
 impl KudosPolicy {
-    /// A fresh scheduler (no history) for `cluster`. With `declare_work`, pods declare their
-    /// step count as `kudos.dev/work`.
-    pub fn new(cluster: &Cluster, table: &ThroughputTable, seed: u64, declare_work: bool) -> Self {
+    /// A fresh scheduler (no history) for `cluster`, configured by `options`.
+    pub fn new(
+        cluster: &Cluster,
+        table: &ThroughputTable,
+        seed: u64,
+        options: &KudosOptions,
+    ) -> Self {
         let profiles = cluster
             .nodes
             .iter()
@@ -47,9 +64,10 @@ impl KudosPolicy {
             })
             .collect();
         KudosPolicy {
-            scheduler: Scheduler::new(SchedulerConfig::default()),
+            scheduler: Scheduler::new(options.config.clone()),
             seed,
-            declare_work,
+            declare_work: options.declare_work,
+            class_by_job_type: options.class_by_job_type,
             profiles,
             index: cluster
                 .nodes
@@ -61,8 +79,8 @@ impl KudosPolicy {
         }
     }
 
-    fn class(job: &Job, table: &ThroughputTable) -> String {
-        table.job_types[job.job_type].family.clone()
+    fn class(&self, job: &Job, table: &ThroughputTable) -> String {
+        self.class_label(job, table).to_owned()
     }
 
     fn node_states(&self, ctx: &Ctx<'_>) -> Vec<NodeState> {
@@ -90,11 +108,20 @@ impl Policy for KudosPolicy {
         "kudos"
     }
 
+    fn class_label<'t>(&self, job: &Job, table: &'t ThroughputTable) -> &'t str {
+        let jt = &table.job_types[job.job_type];
+        if self.class_by_job_type {
+            &jt.name
+        } else {
+            &jt.family
+        }
+    }
+
     fn place(&mut self, job: &Job, ctx: &Ctx<'_>) -> Option<Placement> {
         let pod = PodSpec {
             namespace: "sim".into(),
             name: format!("job-{}", job.id),
-            class: Some(Self::class(job, ctx.table)),
+            class: Some(self.class(job, ctx.table)),
             gpus: if ctx.gang { 1 } else { job.gpus },
             cpu_milli: 0,
             memory_bytes: 0,
@@ -134,7 +161,7 @@ impl Policy for KudosPolicy {
     }
 
     fn observe(&mut self, run: &FinishedRun<'_>, ctx: &Ctx<'_>) {
-        let class = Self::class(run.job, ctx.table);
+        let class = self.class(run.job, ctx.table);
         let runtime = run.end - run.start;
         for &(i, gpus) in run.slots {
             let obs = RunObservation {

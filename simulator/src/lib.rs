@@ -68,10 +68,7 @@ pub fn make_policy(name: &str, s: &Settings, seed: u64) -> anyhow::Result<Box<dy
             pseed,
         )),
         "kudos" => Box::new(kudos::KudosPolicy::new(
-            &s.cluster,
-            &s.table,
-            seed,
-            s.declare_work,
+            &s.cluster, &s.table, seed, &s.kudos,
         )),
         "oracle" => Box::new(policy::Oracle::new(pseed)),
         other => anyhow::bail!(

@@ -54,6 +54,11 @@ pub trait Policy {
     fn name(&self) -> &str;
     /// Chooses where `job` runs now, or `None` to leave it queued.
     fn place(&mut self, job: &Job, ctx: &Ctx<'_>) -> Option<Placement>;
+    /// The class a job counts under for "runs seen per (class, GPU type)" (prediction-error
+    /// metrics); the default is the model family, the class the scheduler is shown.
+    fn class_label<'t>(&self, job: &Job, table: &'t ThroughputTable) -> &'t str {
+        &table.job_types[job.job_type].family
+    }
     /// Learns from a finished job; the default ignores it.
     fn observe(&mut self, _run: &FinishedRun<'_>, _ctx: &Ctx<'_>) {}
 }

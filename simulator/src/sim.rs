@@ -31,7 +31,8 @@ pub struct JobRecord {
     pub on_fastest: bool,
     /// The policy's prediction of the run time.
     pub predicted: Option<f64>,
-    /// Runs of this (class, GPU type) finished before this job was placed.
+    /// Runs of this (class, GPU type) finished before this job was placed (class as the policy
+    /// labels it: see [`Policy::class_label`]).
     pub history_runs: u32,
     /// Position in placement order.
     pub placed_order: usize,
@@ -120,9 +121,7 @@ pub fn simulate(
                 })
                 .collect();
             let next = families.len();
-            let family = *families
-                .entry(table.job_types[j.job_type].family.as_str())
-                .or_insert(next);
+            let family = *families.entry(policy.class_label(j, table)).or_insert(next);
             JobInfo {
                 gang,
                 feasible,

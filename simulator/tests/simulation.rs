@@ -124,3 +124,39 @@ fn runs_are_deterministic() {
     let b = kudos_sim::run_one(&s, 0.3, 5, "kudos", &mut || {}).unwrap();
     assert_eq!(a, b);
 }
+
+/// `--kudos-config` takes scheduler-core's own JSON configuration and names the file on error.
+#[test]
+fn kudos_config_is_scheduler_core_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.json");
+    std::fs::write(&good, r#"{"threshold_factor": 1.1}"#).unwrap();
+    let s = settings(&["--kudos-config", good.to_str().unwrap(), "--jobs", "200"]);
+    assert_eq!(s.kudos.config.threshold_factor, 1.1);
+    kudos_sim::run_one(&s, 0.3, 0, "kudos", &mut || {}).unwrap();
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, r#"{"threshold": 1.1}"#).unwrap();
+    let e = Settings::from_args(&Args::parse_from([
+        "kudos-sim",
+        "--kudos-config",
+        bad.to_str().unwrap(),
+    ]))
+    .unwrap_err();
+    assert!(format!("{e:#}").contains("bad.json"), "{e:#}");
+}
+
+/// Unknown GPU types in a cluster shape or preference list are rejected up front.
+#[test]
+fn unknown_names_fail_before_simulating() {
+    for argv in [
+        vec!["kudos-sim", "--cluster", "a100=2x8"],
+        vec!["kudos-sim", "--prefer", "v100,h100"],
+        vec!["kudos-sim", "--policies", "kube-default,best"],
+        vec!["kudos-sim", "--workload", "b2"],
+    ] {
+        assert!(
+            Settings::from_args(&Args::parse_from(&argv)).is_err(),
+            "{argv:?}"
+        );
+    }
+}
