@@ -265,3 +265,65 @@ impl Args {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &[&str]) -> Result<Settings, ConfigError> {
+        let mut argv = vec!["kudos-device-plugin", "--node-name=n1"];
+        argv.extend_from_slice(extra);
+        Args::try_parse_from(argv).expect("parses").settings()
+    }
+
+    #[test]
+    fn defaults_are_production_paths() {
+        let s = parse(&[]).expect("valid");
+        assert_eq!(s.node_name, "n1");
+        assert_eq!(
+            s.device_plugin_dir,
+            PathBuf::from("/var/lib/kubelet/device-plugins")
+        );
+        assert_eq!(s.socket_name, "kudos.sock");
+        assert_eq!(s.default_name, "kudos.dev/gpu");
+        assert!(!s.backends_explicit);
+        assert_eq!(
+            s.backends,
+            vec![BackendKind::Nvidia, BackendKind::Amd, BackendKind::Static]
+        );
+        assert!(s.nvidia.ignored_xids.ignores(13) && !s.nvidia.ignored_xids.ignores(79));
+        assert_eq!(s.metrics_addr, Some("0.0.0.0:9401".parse().expect("addr")));
+        assert!(s.orchestrator_addr.is_none());
+    }
+
+    #[test]
+    fn invalid_values_are_rejected_before_start() {
+        assert!(matches!(
+            parse(&["--resource-name=gpu"]),
+            Err(ConfigError::ResourceName(_))
+        ));
+        assert!(matches!(
+            parse(&["--socket-name=kubelet.sock"]),
+            Err(ConfigError::SocketName(_))
+        ));
+        assert!(matches!(
+            parse(&["--socket-name=a/b"]),
+            Err(ConfigError::SocketName(_))
+        ));
+        assert!(matches!(
+            parse(&["--metrics-addr=nowhere"]),
+            Err(ConfigError::MetricsAddr(_))
+        ));
+        assert!(matches!(
+            parse(&["--probe-interval-seconds=0"]),
+            Err(ConfigError::Duration(_))
+        ));
+        assert!(Args::try_parse_from(["x", "--ignore-xids=13,abc"]).is_err());
+        assert!(Args::try_parse_from(["x", "--backends=nvidia,intel"]).is_err());
+        let s =
+            parse(&["--backends=amd", "--metrics-addr=off", "--ignore-xids=none"]).expect("valid");
+        assert!(
+            s.backends_explicit && s.metrics_addr.is_none() && !s.nvidia.ignored_xids.ignores(13)
+        );
+    }
+}

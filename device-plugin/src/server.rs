@@ -246,3 +246,6 @@ impl api::device_plugin_server::DevicePlugin for PluginServer {
         Ok(Response::new(api::PreStartContainerResponse {}))
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -27,7 +27,12 @@ async fn setup(gpus: u32, extra: &[&str]) -> Env {
     let mut kubelet = Kubelet::new(&dir);
     kubelet.start();
     let mut f = flags(&dir, fake.library(), &tmp.path().join("cache/name"));
-    f.extend(extra.iter().map(|s| s.to_string()));
+    for x in extra {
+        // A flag given here replaces the default one.
+        let name = x.split('=').next().unwrap_or(x);
+        f.retain(|d| d.split('=').next() != Some(name));
+        f.push(x.to_string());
+    }
     let plugin = Plugin::start(&f);
     Env {
         _tmp: tmp,
@@ -87,7 +92,8 @@ async fn registers_then_lists_every_device_with_numa() {
 
 #[tokio::test]
 async fn xids_flip_health_and_devices_recover() {
-    let mut e = setup(4, &[]).await;
+    // Quiet period long enough that the unhealthy state outlives the Allocate check below.
+    let mut e = setup(4, &["--recovery-quiet-seconds=2"]).await;
     e.kubelet.registration().await;
     e.kubelet.list_where(|l| healthy(l) == 4).await;
 
@@ -215,7 +221,7 @@ async fn allocate_answers_per_container_in_order_and_rejects_unknown_ids() {
     e.plugin.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_allocates_all_succeed_with_their_own_answers() {
     let mut e = setup(8, &[]).await;
     e.kubelet.registration().await;

@@ -5,13 +5,15 @@
 //! ```text
 //!   NvidiaBackend (kudos-nvml) ─┐
 //!   AmdBackend (sysfs)        ──┼─> Backends (dispatch by ID prefix) ─> server / health / registry
-//!   StaticBackend (file)      ──┘
+//!   StaticBackend (file)      ──┤
+//!   FakeBackend (tests)       ──┘
 //! ```
 //!
 //! Device IDs are `<prefix><vendor id>`, at most 63 characters, so the owning backend of any
 //! ID served to the kubelet is found from its prefix alone.
 
 pub mod amd;
+pub mod fake;
 pub mod nvidia;
 pub mod static_file;
 
