@@ -95,8 +95,9 @@ async fn scenario(
     assert_eq!(r.device_models, vec![model]);
     let who = (r.pod_uid.as_str(), r.class.as_str(), r.node.as_str());
     assert_eq!(who, ("uid-1", "resnet50", "node-a"));
-    // Busy time within one period (plus scheduling slack of the shared test machine).
-    let slack = PERIOD.as_secs_f64() * 1.5;
+    // Real clocks on a shared machine: ticks can be late, so allow three periods here; the
+    // one-period bound is asserted with a controlled clock in `runs::tests`.
+    let slack = PERIOD.as_secs_f64() * 3.0;
     let err = (r.gpu_busy_seconds - busy.as_secs_f64()).abs();
     assert!(err <= slack, "busy {} vs {busy:?}", r.gpu_busy_seconds);
     assert_eq!(r.peak_memory_bytes, 3 << 30);
