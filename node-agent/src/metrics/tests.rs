@@ -161,10 +161,28 @@ async fn http_endpoints() {
     m.record(&[reading(0, 1.0)], &HashMap::new(), crate::now_ms());
     let resp = app.clone().oneshot(get("/healthz")).await.expect("healthz");
     assert_eq!(resp.status(), StatusCode::OK);
-    let resp = app.oneshot(get("/metrics")).await.expect("metrics");
+    let resp = app.clone().oneshot(get("/metrics")).await.expect("metrics");
     assert_eq!(resp.status(), StatusCode::OK);
     let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
         .await
         .expect("body");
-    assert!(String::from_utf8_lossy(&body).contains("DCGM_FI_DEV_GPU_UTIL"));
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.contains("DCGM_FI_DEV_GPU_UTIL"));
+    assert!(text.contains("# TYPE kudos_reports_sent_total counter") && !text.contains("# EOF"));
+    // Prometheus asks for OpenMetrics and gets it.
+    let mut req = get("/metrics");
+    let om = "application/openmetrics-text;version=1.0.0,text/plain;q=0.5";
+    req.headers_mut()
+        .insert(header::ACCEPT, om.parse().expect("header"));
+    let resp = app.oneshot(req).await.expect("metrics");
+    let ct = resp.headers().get(header::CONTENT_TYPE).cloned();
+    let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .expect("body");
+    assert!(ct.is_some_and(|c| {
+        c.to_str()
+            .unwrap_or("")
+            .starts_with("application/openmetrics-text")
+    }));
+    assert!(String::from_utf8_lossy(&body).ends_with("# EOF\n"));
 }
