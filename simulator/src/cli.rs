@@ -403,7 +403,14 @@ impl Settings {
                 "model family"
             },
             self.cluster_text(),
-            self.sources
+            if self.sources.contains("embedded") {
+                format!(
+                    "{} (embedded extracts: see simulator/data/README.md)",
+                    self.sources
+                )
+            } else {
+                self.sources.clone()
+            }
         )
     }
 

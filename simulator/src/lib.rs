@@ -158,7 +158,7 @@ pub fn run(s: &Settings) -> anyhow::Result<()> {
     if let Some(mut w) = jobs_csv {
         w.flush()?;
     }
-    tracing::info!(
+    tracing::debug!(
         seconds = started.elapsed().as_secs_f64(),
         runs,
         "simulation finished"

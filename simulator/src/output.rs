@@ -25,7 +25,12 @@ pub struct Cell {
 }
 
 fn opt_pct(v: Option<f64>) -> String {
-    v.map_or_else(|| "-".into(), |x| format!("{:.1}%", 100.0 * x))
+    match v {
+        None => "-".into(),
+        // Cold-start predictions can be off by orders of magnitude; the JSON has the value.
+        Some(x) if x >= 10.0 => ">999%".into(),
+        Some(x) => format!("{:.1}%", 100.0 * x),
+    }
 }
 
 /// Renders the comparison table: one block per rate, one row per policy, with JCT ratios to
@@ -111,7 +116,7 @@ pub fn table(cells: &[Cell]) -> String {
                 .mean
                 .mape_over_time
                 .iter()
-                .map(|x| format!("{:.0}%", 100.0 * x))
+                .map(|x| opt_pct(Some(*x)))
                 .collect();
             let _ = writeln!(
                 out,
