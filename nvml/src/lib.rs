@@ -178,14 +178,13 @@ impl Nvml {
     }
 
     /// Cheap liveness probe of one device: NVML answers and the device is on the bus.
+    /// "Not supported" (e.g. utilisation on a MIG-enabled GPU) counts as an answer.
     pub fn check(&self, uuid: &str) -> Result<(), Error> {
         let d = self
             .inner
             .device_by_uuid(uuid)
             .map_err(Error::call("device_by_uuid"))?;
-        d.utilization_rates()
-            .map(|_| ())
-            .map_err(Error::call("utilization_rates"))
+        optional(d.utilization_rates(), "utilization_rates").map(|_| ())
     }
 
     /// The best link between two devices: NVLink when any link between them is active,
