@@ -171,9 +171,9 @@ impl Sampler {
             }
             let (backend, dev, flag) = (self.backend.clone(), info.clone(), busy.clone());
             pending.push(Some(tokio::task::spawn_blocking(move || {
-                let r = backend.sample(&dev);
-                flag.store(false, Ordering::Release);
-                r
+                // Cleared on return and on panic, even when nobody awaits this read any more.
+                let _done = ClearOnDrop(flag);
+                backend.sample(&dev)
             })));
         }
         let deadline = tokio::time::Instant::now() + self.timeout;
@@ -188,18 +188,21 @@ impl Sampler {
                     Err(_) => Err(SampleError::Timeout),
                 },
             };
-            if matches!(result, Err(SampleError::Panicked)) {
-                // The closure never cleared its flag.
-                if let Some(i) = self.devices.iter().position(|d| d.uuid == info.uuid) {
-                    self.busy[i].store(false, Ordering::Release);
-                }
-            }
             out.push(DeviceReading {
                 info: info.clone(),
                 result,
             });
         }
         out
+    }
+}
+
+/// Clears a device's "read in progress" flag when dropped.
+struct ClearOnDrop(Arc<AtomicBool>);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 
