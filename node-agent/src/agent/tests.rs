@@ -192,3 +192,62 @@ async fn a_full_outbox_refuses_a_completed_run_with_an_error_metric() {
     assert_eq!(kept.len(), 1);
     assert_eq!(kept[0].1.report_id, "old");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_survives_an_agent_restart_under_the_same_run_id() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gpus = Arc::new(FakeGpus::new(1));
+    gpus.set(&FakeGpus::uuid(0), 90.0, 1 << 30);
+    let held = vec![Assignment {
+        namespace: "ml".into(),
+        pod: "p".into(),
+        container: "c".into(),
+        device_ids: vec![format!("nv-{}", FakeGpus::uuid(0))],
+    }];
+    let start = |outbox: Arc<Outbox>| {
+        let gpus = gpus.clone();
+        async move {
+            let sampler = Sampler::new(gpus, Duration::from_secs(1))
+                .await
+                .expect("sampler");
+            Agent::new(
+                "node-a".into(),
+                sampler,
+                StaticAssignments::default(),
+                Arc::new(NoPodMeta),
+                tracker(),
+                outbox,
+                Metrics::new("node-a"),
+                Arc::new(DeviceHealth::default()),
+            )
+        }
+    };
+    let first_run_id;
+    {
+        let outbox = Arc::new(Outbox::open(dir.path(), 100).expect("outbox"));
+        let mut agent = start(outbox).await;
+        agent.assignments.set(held.clone());
+        tick_for(&mut agent, Duration::from_millis(500)).await;
+        first_run_id = agent.tracker.active_snapshots(0)[0].run_id.clone();
+        // SIGTERM path: the loop saves the active runs and the process exits.
+        let (stop_tx, stop) = watch::channel(true);
+        agent.run(PERIOD, stop).await;
+        drop(stop_tx);
+    }
+    let outbox = Arc::new(Outbox::open(dir.path(), 100).expect("reopen"));
+    let mut agent = start(outbox.clone()).await;
+    agent.assignments.set(held);
+    tick_for(&mut agent, Duration::from_millis(300)).await;
+    agent.assignments.set(vec![]);
+    agent.tick().await;
+    let reports = outbox.pending(None, 10).expect("pending");
+    assert_eq!(reports.len(), 1, "{reports:#?}");
+    let r = &reports[0].1;
+    assert_eq!(r.run_id, first_run_id, "the resumed run keeps its identity");
+    assert_eq!(r.state, RunState::Completed as i32);
+    assert!(
+        r.gpu_busy_seconds >= 0.5,
+        "busy time before the restart is kept: {}",
+        r.gpu_busy_seconds
+    );
+}
