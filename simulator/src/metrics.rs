@@ -22,6 +22,8 @@ pub struct Metrics {
     pub jobs: usize,
     /// Jobs that can never run on this cluster (more GPUs than it has of usable types).
     pub unplaceable: usize,
+    /// Jobs that could have run but that the policy never placed.
+    pub stranded: usize,
     /// Mean job completion time, hours.
     pub avg_jct_h: f64,
     /// Median JCT, hours.
@@ -68,7 +70,8 @@ fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
 /// Computes the metrics of `result`, with JCTs over the jobs whose ids are in `window`.
 pub fn compute(result: &SimResult, window: Range<usize>) -> Metrics {
     let all: Vec<&JobRecord> = result.records.iter().flatten().collect();
-    let unplaceable = result.records.iter().filter(|r| r.is_none()).count();
+    let stranded = result.stranded.len();
+    let unplaceable = result.records.iter().filter(|r| r.is_none()).count() - stranded;
     let measured: Vec<&JobRecord> = all
         .iter()
         .copied()
@@ -98,6 +101,7 @@ pub fn compute(result: &SimResult, window: Range<usize>) -> Metrics {
     Metrics {
         jobs: measured.len(),
         unplaceable,
+        stranded,
         avg_jct_h: mean(jct.iter().copied()).unwrap_or(0.0),
         p50_jct_h: percentile(&jct, 50.0),
         p95_jct_h: percentile(&jct, 95.0),
@@ -134,6 +138,7 @@ pub fn mean_of(runs: &[Metrics]) -> Metrics {
     Metrics {
         jobs: runs.iter().map(|m| m.jobs).sum::<usize>() / runs.len().max(1),
         unplaceable: runs.iter().map(|m| m.unplaceable).sum::<usize>() / runs.len().max(1),
+        stranded: runs.iter().map(|m| m.stranded).sum::<usize>(),
         avg_jct_h: avg(|m| m.avg_jct_h),
         p50_jct_h: avg(|m| m.p50_jct_h),
         p95_jct_h: avg(|m| m.p95_jct_h),
@@ -186,6 +191,7 @@ mod tests {
             ],
             total_gpus: 2,
             final_cluster: crate::cluster::Cluster::new(Vec::new(), 0),
+            stranded: Vec::new(),
         };
         let m = compute(&result, 0..10);
         assert_eq!(m.jobs, 2);

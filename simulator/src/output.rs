@@ -125,6 +125,16 @@ pub fn table(cells: &[Cell]) -> String {
                 series.join(" ")
             );
         }
+        for c in cells
+            .iter()
+            .filter(|c| c.rate_per_hour == rate && c.mean.stranded > 0)
+        {
+            let _ = writeln!(
+                out,
+                "  warning: {} left {} placeable job(s) queued forever (all seeds together)",
+                c.policy, c.mean.stranded
+            );
+        }
         if let Some(u) = cells
             .iter()
             .find(|c| c.rate_per_hour == rate)

@@ -54,12 +54,15 @@ impl JobRecord {
 /// The outcome of one simulation.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SimResult {
-    /// One record per job, by job id; `None` for jobs that can never run on this cluster.
+    /// One record per job, by job id; `None` for jobs that never ran (see `stranded`).
     pub records: Vec<Option<JobRecord>>,
     /// GPUs in the cluster.
     pub total_gpus: u32,
     /// The cluster after the last job finished (all GPUs should be free again).
     pub final_cluster: Cluster,
+    /// Jobs that could run on this cluster but that the policy never placed (still queued when
+    /// nothing else was left to happen).
+    pub stranded: Vec<usize>,
 }
 
 /// A policy broke the placement contract.
@@ -282,6 +285,7 @@ pub fn simulate(
         records,
         total_gpus: cluster.total_gpus(),
         final_cluster: cluster,
+        stranded: queue.into_iter().collect(),
     })
 }
 

@@ -64,6 +64,11 @@ fn invariants_hold_for_every_policy() {
         }
         assert!(used.iter().all(|u| *u == 0));
         assert_eq!(result.final_cluster.free_gpus(), s.cluster.total_gpus());
+        assert!(
+            result.stranded.is_empty(),
+            "{policy}: {:?} never placed",
+            result.stranded
+        );
     }
 }
 
