@@ -96,8 +96,19 @@ fn body(nodes: usize) -> Vec<u8> {
     .unwrap()
 }
 
-/// One keep-alive HTTP/1.1 call; returns the body length.
+/// One keep-alive HTTP/1.1 call to prioritize; returns the body length.
 fn call(conn: &mut BufReader<std::net::TcpStream>, req: &[u8]) -> usize {
+    let buf = call_any(conn, req);
+    assert!(
+        buf.starts_with(b"[{\"Host\""),
+        "{}",
+        String::from_utf8_lossy(&buf[..buf.len().min(200)])
+    );
+    buf.len()
+}
+
+/// One keep-alive HTTP/1.1 call; returns the body.
+fn call_any(conn: &mut BufReader<std::net::TcpStream>, req: &[u8]) -> Vec<u8> {
     conn.get_mut().write_all(req).unwrap();
     let mut len = 0usize;
     let mut line = String::new();
@@ -114,12 +125,7 @@ fn call(conn: &mut BufReader<std::net::TcpStream>, req: &[u8]) -> usize {
     }
     let mut buf = vec![0; len];
     conn.read_exact(&mut buf).unwrap();
-    assert!(
-        buf.starts_with(b"[{\"Host\""),
-        "{}",
-        String::from_utf8_lossy(&buf[..buf.len().min(200)])
-    );
-    len
+    buf
 }
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
@@ -144,6 +150,7 @@ fn main() {
     println!(
         "nodes  calls  p50_us  p99_us  max_us  calls_per_s  parse_p50_us  handler_p50_us  states_p50_us  rank_p50_us  response_bytes"
     );
+    let mut pairs = Vec::new();
     for n in counts {
         let index = index(n);
         let metrics = Arc::new(Metrics::new());
@@ -154,6 +161,7 @@ fn main() {
             binder: Arc::new(LocalBinder),
             metrics: metrics.clone(),
             unified: UNIFIED.into(),
+            last_filter: Default::default(),
         };
         let state = Arc::new(HttpState {
             extender: Extender {
@@ -163,6 +171,7 @@ fn main() {
                 binder: Arc::new(LocalBinder),
                 metrics: metrics.clone(),
                 unified: UNIFIED.into(),
+                last_filter: Default::default(),
             },
             index: index.clone(),
             metrics,
@@ -218,6 +227,24 @@ fn main() {
         }
         let total = t0.elapsed();
         lat.sort();
+        // kube-scheduler's real sequence: filter, then prioritize on the nodes that passed
+        // (all of them here), which reuses the filter's ranking.
+        let mut freq = req.clone();
+        let at = freq.windows(11).position(|w| w == b"/prioritize").unwrap();
+        freq.splice(at..at + 11, b"/filter".iter().copied());
+        let mut filter_lat = Vec::new();
+        let mut after_lat = Vec::new();
+        for _ in 0..calls / 2 {
+            let t = Instant::now();
+            call_any(&mut conn, &freq);
+            filter_lat.push(t.elapsed());
+            let t = Instant::now();
+            call(&mut conn, &req);
+            after_lat.push(t.elapsed());
+        }
+        filter_lat.sort();
+        after_lat.sort();
+        pairs.push((n, filter_lat, after_lat));
 
         // rank alone, on the same inputs.
         let names: Vec<String> = (0..n).map(|i| format!("node-{i:05}")).collect();
@@ -271,6 +298,21 @@ fn main() {
             pct(&handler_lat, 0.5).as_micros(),
             pct(&states_lat, 0.5).as_micros(),
             pct(&rank_lat, 0.5).as_micros(),
+        );
+    }
+    println!("\nfilter then prioritize (prioritize reuses the filter ranking)");
+    println!(
+        "nodes  filter_p50_us  filter_p99_us  prioritize_p50_us  prioritize_p99_us  pairs_per_s"
+    );
+    for (n, f, p) in pairs {
+        let total: Duration = f.iter().chain(&p).sum();
+        println!(
+            "{n:>5}  {:>13}  {:>13}  {:>17}  {:>17}  {:>11.0}",
+            pct(&f, 0.5).as_micros(),
+            pct(&f, 0.99).as_micros(),
+            pct(&p, 0.5).as_micros(),
+            pct(&p, 0.99).as_micros(),
+            f.len() as f64 / total.as_secs_f64(),
         );
     }
 }

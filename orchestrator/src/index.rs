@@ -68,6 +68,9 @@ pub struct Index {
     applied_seq: u64,
     nodes_synced: bool,
     pods_synced: bool,
+    /// Bumped by every write that can change a ranking (heartbeats excepted: they only
+    /// matter through staleness, which is judged at call time).
+    generation: u64,
 }
 
 /// Why a node could not be turned into a `NodeState`.
@@ -93,7 +96,13 @@ impl Index {
             applied_seq: 0,
             nodes_synced: !cluster,
             pods_synced: !cluster,
+            generation: 0,
         }
+    }
+
+    /// Changes whenever a ranking input changes (see the field).
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The unified resource name.
@@ -105,6 +114,7 @@ impl Index {
 
     /// Adds or replaces a node.
     pub fn apply_node(&mut self, info: NodeInfo) {
+        self.generation += 1;
         self.nodes.insert(info.name.clone(), info);
     }
 
@@ -115,17 +125,20 @@ impl Index {
 
     /// Removes a node.
     pub fn delete_node(&mut self, name: &str) {
+        self.generation += 1;
         self.nodes.remove(name);
     }
 
     /// Replaces all nodes (after a watch restart) and marks nodes synced.
     pub fn reset_nodes(&mut self, nodes: Vec<NodeInfo>) {
+        self.generation += 1;
         self.nodes = nodes.into_iter().map(|n| (n.name.clone(), n)).collect();
         self.nodes_synced = true;
     }
 
     /// Adds, replaces or (when ended or unbound) removes a pod's resource use.
     pub fn apply_pod(&mut self, pod: &PodFacts) {
+        self.generation += 1;
         let key = pod_key(pod);
         self.remove_pod(&key);
         if let (Some(node), false) = (&pod.node_name, pod.terminated) {
@@ -136,6 +149,7 @@ impl Index {
 
     /// Removes a pod.
     pub fn delete_pod(&mut self, pod: &PodFacts) {
+        self.generation += 1;
         self.remove_pod(&pod_key(pod));
     }
 
@@ -149,6 +163,7 @@ impl Index {
 
     /// Replaces all pods and marks pods synced.
     pub fn reset_pods(&mut self, pods: &[PodFacts]) {
+        self.generation += 1;
         self.pods.clear();
         self.used.clear();
         for p in pods {
@@ -171,6 +186,7 @@ impl Index {
 
     /// Records the device health a plugin reported: `(healthy, total)` for one vendor.
     pub fn set_device_health(&mut self, node: &str, vendor: &str, health: (u32, u32)) {
+        self.generation += 1;
         self.device_health
             .entry(node.to_owned())
             .or_default()
@@ -179,6 +195,7 @@ impl Index {
 
     /// Replaces the plugin configuration (at start, and after the registry persisted a change).
     pub fn set_plugin_config(&mut self, cfg: PluginConfig) {
+        self.generation += 1;
         self.profiles = cfg
             .nodes
             .keys()
@@ -195,6 +212,7 @@ impl Index {
     /// Feeds an accepted, stored run to the model, in `seq` order. Returns the feedback when
     /// the run was observed; unobservable runs only advance `applied_seq`.
     pub fn apply_run(&mut self, run: &StoredRun) -> Result<Option<Feedback>, String> {
+        self.generation += 1;
         self.applied_seq = self.applied_seq.max(run.seq);
         let (true, Some(p)) = (run.observable(), run.profile.as_ref()) else {
             return Ok(None);

@@ -307,6 +307,7 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
             binder,
             metrics: metrics.clone(),
             unified: s.unified_resource_name.clone(),
+            last_filter: Default::default(),
         },
         index: index.clone(),
         metrics: metrics.clone(),

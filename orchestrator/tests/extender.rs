@@ -215,6 +215,88 @@ async fn explain_returns_last_ranking() {
 }
 
 #[tokio::test]
+async fn prioritize_reuses_the_filter_ranking_until_something_changes() {
+    let app = mk_app(standard_index());
+    let args = |nodes: &[&str]| {
+        serde_json::to_vec(
+            &serde_json::json!({"Pod": pod_json("r", Some("resnet50"), 1), "NodeNames": nodes}),
+        )
+        .unwrap()
+    };
+    let verb = |v: &Value| v["verb"].as_str().unwrap().to_owned();
+    let (_, f) = call(
+        app.clone(),
+        "POST",
+        "/kudos/v1/filter",
+        args(&["gpu-a", "gpu-b", "gpu-stale"]),
+    )
+    .await;
+    assert_eq!(f["NodeNames"], serde_json::json!(["gpu-a", "gpu-b"]));
+    let (_, p1) = call(
+        app.clone(),
+        "POST",
+        "/kudos/v1/prioritize",
+        args(&["gpu-a", "gpu-b"]),
+    )
+    .await;
+    let (_, e) = call(app.clone(), "GET", "/explain/default/r", vec![]).await;
+    assert_eq!(
+        verb(&e),
+        "filter",
+        "same pod, same passed nodes, nothing changed: reused"
+    );
+    // Another node set: ranked afresh, same scores for the same nodes.
+    let (_, p2) = call(
+        app.clone(),
+        "POST",
+        "/kudos/v1/prioritize",
+        args(&["gpu-b", "gpu-a"]),
+    )
+    .await;
+    let (_, e) = call(app.clone(), "GET", "/explain/default/r", vec![]).await;
+    assert_eq!(verb(&e), "filter", "order does not matter");
+    assert_eq!(p1[0]["Score"], p2[1]["Score"]);
+    let (_, _) = call(
+        app.clone(),
+        "POST",
+        "/kudos/v1/prioritize",
+        args(&["gpu-a"]),
+    )
+    .await;
+    let (_, e) = call(app.clone(), "GET", "/explain/default/r", vec![]).await;
+    assert_eq!(
+        verb(&e),
+        "prioritize",
+        "a different node set is ranked again"
+    );
+    // A bind in between invalidates the reuse.
+    call(
+        app.clone(),
+        "POST",
+        "/kudos/v1/filter",
+        args(&["gpu-a", "gpu-b"]),
+    )
+    .await;
+    let bind = serde_json::json!({"PodName": "other", "PodNamespace": "default", "PodUID": "uid-other", "Node": "gpu-a"});
+    call(
+        app.clone(),
+        "POST",
+        "/kudos/v1/bind",
+        serde_json::to_vec(&bind).unwrap(),
+    )
+    .await;
+    call(
+        app.clone(),
+        "POST",
+        "/kudos/v1/prioritize",
+        args(&["gpu-a", "gpu-b"]),
+    )
+    .await;
+    let (_, e) = call(app, "GET", "/explain/default/r", vec![]).await;
+    assert_eq!(verb(&e), "prioritize");
+}
+
+#[tokio::test]
 async fn gang_is_reserved_and_steered() {
     let app = mk_app(standard_index());
     let mut pod = pod_json("g-0", Some("resnet50"), 4);

@@ -58,6 +58,7 @@ impl Reservation {
 
 #[derive(Default)]
 struct Inner {
+    generation: u64,
     seen: HashMap<String, Seen>,
     assumed: HashMap<String, Assumed>,
     gangs: HashMap<String, Reservation>,
@@ -130,6 +131,7 @@ impl Ledger {
         if self.cluster {
             g.assumed.retain(|_, a| now - a.at <= ASSUME_TTL_SECONDS);
         }
+        g.generation += 1;
         let seen = g.seen.get(uid).cloned();
         let requests = seen.as_ref().map(|s| s.requests).unwrap_or_default();
         g.assumed.insert(
@@ -155,6 +157,11 @@ impl Ledger {
         Some(key)
     }
 
+    /// Changes whenever a bind or a reservation is recorded.
+    pub fn generation(&self) -> u64 {
+        self.lock().generation
+    }
+
     /// The live reservation of a gang, if any.
     pub fn reservation(&self, key: &str, now: f64) -> Option<Reservation> {
         let mut g = self.lock();
@@ -165,6 +172,7 @@ impl Ledger {
     /// Reserves a placement unless another call reserved first; returns the live one.
     pub fn reserve(&self, key: &str, p: GangPlacement) -> Reservation {
         let mut g = self.lock();
+        g.generation += 1;
         g.gangs
             .entry(key.to_owned())
             .or_insert_with(|| Reservation {

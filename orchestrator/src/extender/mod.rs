@@ -84,6 +84,23 @@ impl ExplainCache {
     }
 }
 
+/// The last filter's ranking, which prioritize reuses for the same pod when nothing changed
+/// in between: kube-scheduler calls prioritize right after filter with exactly the nodes that
+/// passed, so ranking again would compute the same answer (same inputs, same seed).
+#[derive(Default)]
+pub struct LastFilter(Mutex<Option<CachedFilter>>);
+
+struct CachedFilter {
+    uid: String,
+    at: std::time::Instant,
+    generations: (u64, u64),
+    passed: FastSet<String>,
+    explained: Arc<Explained>,
+}
+
+/// How long a filter ranking may be reused.
+const REUSE_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Everything the extender reads.
 pub struct Extender {
     /// The shared index (read only here).
@@ -98,6 +115,8 @@ pub struct Extender {
     pub metrics: Arc<Metrics>,
     /// Unified resource name.
     pub unified: String,
+    /// Filter → prioritize reuse.
+    pub last_filter: LastFilter,
 }
 
 /// The outcome of evaluating one pod against candidate nodes.
@@ -148,6 +167,30 @@ fn candidate_names(args: &ExtenderArgs) -> Vec<String> {
 }
 
 impl Extender {
+    fn generations(&self) -> (u64, u64) {
+        let i = self
+            .index
+            .read()
+            .map(|i| i.generation())
+            .unwrap_or(u64::MAX);
+        (i, self.ledger.generation())
+    }
+
+    /// The filter ranking of this pod, if prioritize may reuse it for `names`.
+    fn reusable(&self, facts: &PodFacts, names: &[String]) -> Option<Arc<Explained>> {
+        if facts.uid.is_empty() || facts.gang.is_some() {
+            return None;
+        }
+        let g = self.last_filter.0.lock().ok()?;
+        let c = g.as_ref()?;
+        let fresh = c.uid == facts.uid
+            && c.at.elapsed() < REUSE_WINDOW
+            && c.generations == self.generations();
+        let same_nodes =
+            names.len() == c.passed.len() && names.iter().all(|n| c.passed.contains(n));
+        (fresh && same_nodes).then(|| c.explained.clone())
+    }
+
     fn evaluate(
         &self,
         verb: &'static str,
@@ -255,6 +298,7 @@ impl Extender {
         let names = candidate_names(&args);
         let span = tracing::debug_span!("filter", pod = %format!("{}/{}", facts.namespace, facts.name), class = facts.class.as_deref().unwrap_or(""), nodes = names.len());
         let _g = span.enter();
+        let gens = self.generations();
         let ev = self.evaluate("filter", &args, &facts, &names);
         let mut failed: std::collections::BTreeMap<String, String> = ev
             .explained
@@ -301,6 +345,18 @@ impl Extender {
             }
         }
         tracing::debug!(passed = passed.len(), failed = failed.len(), "filtered");
+        if facts.gang.is_none()
+            && !facts.uid.is_empty()
+            && let Ok(mut g) = self.last_filter.0.lock()
+        {
+            *g = Some(CachedFilter {
+                uid: facts.uid.clone(),
+                at: std::time::Instant::now(),
+                generations: gens,
+                passed: passed.iter().map(|n| (*n).to_owned()).collect(),
+                explained: ev.explained.clone(),
+            });
+        }
         let keep = |n: &str| passed.contains(n);
         let (nodes, node_names) = match (args.node_names, args.nodes) {
             (Some(ns), nodes) => (
@@ -340,9 +396,17 @@ impl Extender {
         }
         let span = tracing::debug_span!("prioritize", pod = %format!("{}/{}", facts.namespace, facts.name), class = facts.class.as_deref().unwrap_or(""), nodes = names.len());
         let _g = span.enter();
-        let ev = self.evaluate("prioritize", &args, &facts, &names);
-        let scores: crate::fasthash::FastMap<&str, u8> = ev
-            .explained
+        let (explained, gang_open) = match self.reusable(&facts, &names) {
+            Some(e) => {
+                tracing::debug!("reusing the filter ranking");
+                (e, None)
+            }
+            None => {
+                let ev = self.evaluate("prioritize", &args, &facts, &names);
+                (ev.explained, ev.gang_open)
+            }
+        };
+        let scores: crate::fasthash::FastMap<&str, u8> = explained
             .ranking
             .entries
             .iter()
@@ -352,7 +416,7 @@ impl Extender {
             .iter()
             .map(|n| {
                 let base = i64::from(scores.get(n.as_str()).copied().unwrap_or(0).min(10));
-                let score = match &ev.gang_open {
+                let score = match &gang_open {
                     Some(open) if open.contains(n) => 10,
                     Some(_) => 0,
                     None => base,

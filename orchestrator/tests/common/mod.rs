@@ -87,6 +87,7 @@ pub fn mk_state(index: SharedIndex) -> Arc<HttpState> {
             binder: Arc::new(LocalBinder),
             metrics: metrics.clone(),
             unified: UNIFIED.into(),
+            last_filter: Default::default(),
         },
         index,
         metrics,
