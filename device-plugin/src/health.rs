@@ -217,6 +217,10 @@ pub async fn run(
     metrics: Metrics,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    // A hung vendor library must not stall the loop: probes get this long, and while one
+    // is still stuck no second thread is sent after it.
+    let probe_timeout = probe_every.max(Duration::from_secs(2));
+    let mut probing: Option<tokio::task::JoinHandle<Vec<(String, Result<(), String>)>>> = None;
     let mut tick = tokio::time::interval(probe_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -224,15 +228,7 @@ pub async fn run(
             _ = shutdown.changed() => return,
             Some(signal) = signals.recv() => tracker.on_signal(&signal, Instant::now()),
             _ = tick.tick() => {
-                let b = backends.clone();
-                // Probes call into vendor libraries that may block.
-                let results = tokio::task::spawn_blocking(move || {
-                    b.iter()
-                        .flat_map(|be| be.devices().iter().map(move |d| (d.id.clone(), be.probe(d))))
-                        .collect::<Vec<_>>()
-                })
-                .await
-                .unwrap_or_default();
+                let results = probe_all(&backends, &mut probing, probe_timeout).await;
                 let now = Instant::now();
                 results.into_iter().filter_map(|(id, r)| tracker.on_probe(&id, r, now)).collect()
             }
@@ -254,6 +250,42 @@ pub async fn run(
         metrics.set_devices(&backends, &tracker.snapshot());
         if publish.send(Arc::new(tracker.snapshot())).is_err() {
             return;
+        }
+    }
+}
+
+/// Probes every device on a blocking thread (vendor libraries block). A probe round that
+/// does not finish within `timeout` fails every device; the stuck round is awaited on later
+/// ticks instead of starting another.
+async fn probe_all(
+    backends: &Backends,
+    probing: &mut Option<tokio::task::JoinHandle<Vec<(String, Result<(), String>)>>>,
+    timeout: Duration,
+) -> Vec<(String, Result<(), String>)> {
+    let handle = probing.get_or_insert_with(|| {
+        let b = backends.clone();
+        tokio::task::spawn_blocking(move || {
+            b.iter()
+                .flat_map(|be| {
+                    be.devices()
+                        .iter()
+                        .map(move |d| (d.id.clone(), be.probe(d)))
+                })
+                .collect()
+        })
+    });
+    match tokio::time::timeout(timeout, handle).await {
+        Ok(done) => {
+            *probing = None;
+            done.unwrap_or_default()
+        }
+        Err(_) => {
+            let reason = format!("probe did not return within {timeout:?}");
+            tracing::warn!("{reason}; marking devices unhealthy");
+            backends
+                .devices()
+                .map(|d| (d.id.clone(), Err(reason.clone())))
+                .collect()
         }
     }
 }

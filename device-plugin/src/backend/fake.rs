@@ -12,6 +12,7 @@ pub struct FakeBackend {
     vendor: Vendor,
     devices: Vec<Device>,
     probes: Mutex<HashMap<String, String>>,
+    probe_delay: Mutex<Option<std::time::Duration>>,
     signals: Mutex<Option<mpsc::UnboundedSender<HealthSignal>>>,
 }
 
@@ -37,6 +38,7 @@ impl FakeBackend {
             },
             devices,
             probes: Mutex::default(),
+            probe_delay: Mutex::default(),
             signals: Mutex::default(),
         }
     }
@@ -48,6 +50,11 @@ impl FakeBackend {
             Some(r) => p.insert(id.into(), r.into()),
             None => p.remove(id),
         };
+    }
+
+    /// Makes the next probes block for `d`, like a hung vendor library.
+    pub fn set_probe_delay(&self, d: Option<std::time::Duration>) {
+        *self.probe_delay.lock().unwrap_or_else(|e| e.into_inner()) = d;
     }
 
     /// Sends a health signal as the backend's event source would.
@@ -89,6 +96,10 @@ impl DeviceBackend for FakeBackend {
     }
 
     fn probe(&self, device: &Device) -> Result<(), String> {
+        let delay = *self.probe_delay.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(d) = delay {
+            std::thread::sleep(d);
+        }
         match self
             .probes
             .lock()

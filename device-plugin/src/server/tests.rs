@@ -270,3 +270,41 @@ async fn health_loop_publishes_transitions_from_signals_and_probes() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn a_hung_probe_marks_devices_unhealthy_then_they_recover() {
+    let fake = Arc::new(FakeBackend::new("alpha", 2, 2));
+    let backends = Backends::new(vec![fake.clone() as Arc<dyn DeviceBackend>]).expect("backends");
+    let tracker = HealthTracker::new(
+        backends
+            .devices()
+            .map(|d| (d.id.as_str(), d.vendor.as_str())),
+        Duration::ZERO,
+    );
+    let (tx, rx) = watch::channel(Arc::new(tracker.snapshot()));
+    let (_sig_tx, sig_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (_stop, stop_rx) = watch::channel(false);
+    // The first round hangs for 3 s; the loop gives up on it after 2 s.
+    fake.set_probe_delay(Some(Duration::from_secs(3)));
+    tokio::spawn(crate::health::run(
+        backends,
+        tracker,
+        sig_rx,
+        Duration::from_millis(50),
+        tx,
+        Metrics::new(),
+        stop_rx,
+    ));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    fake.set_probe_delay(None);
+    let mut r = rx.clone();
+    let all = |h: Health| move |m: &Arc<HealthMap>| m.values().all(|v| *v == h);
+    tokio::time::timeout(Duration::from_secs(5), r.wait_for(all(Health::Unhealthy)))
+        .await
+        .expect("in time")
+        .expect("open");
+    tokio::time::timeout(Duration::from_secs(5), r.wait_for(all(Health::Healthy)))
+        .await
+        .expect("in time")
+        .expect("open");
+}
