@@ -220,7 +220,7 @@ pub async fn run(
     // A hung vendor library must not stall the loop: probes get this long, and while one
     // is still stuck no second thread is sent after it.
     let probe_timeout = probe_every.max(Duration::from_secs(2));
-    let mut probing: Option<tokio::task::JoinHandle<Vec<(String, Result<(), String>)>>> = None;
+    let mut probing: Option<ProbeRound> = None;
     let mut tick = tokio::time::interval(probe_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -254,14 +254,19 @@ pub async fn run(
     }
 }
 
+/// Probe results by device ID.
+type ProbeResults = Vec<(String, Result<(), String>)>;
+/// A probe round running on a blocking thread.
+type ProbeRound = tokio::task::JoinHandle<ProbeResults>;
+
 /// Probes every device on a blocking thread (vendor libraries block). A probe round that
 /// does not finish within `timeout` fails every device; the stuck round is awaited on later
 /// ticks instead of starting another.
 async fn probe_all(
     backends: &Backends,
-    probing: &mut Option<tokio::task::JoinHandle<Vec<(String, Result<(), String>)>>>,
+    probing: &mut Option<ProbeRound>,
     timeout: Duration,
-) -> Vec<(String, Result<(), String>)> {
+) -> ProbeResults {
     let handle = probing.get_or_insert_with(|| {
         let b = backends.clone();
         tokio::task::spawn_blocking(move || {
