@@ -1,5 +1,6 @@
 //! `rank` latency for one pod over 1,000 and 5,000 candidate nodes (the extender's serial path;
-//! target <= 500 us at 5,000). The cluster mixes eight device profiles with varied load, and the
+//! target <= 500 us at 5,000). Candidates are what kube-scheduler's filters pass to the extender,
+//! so they all have a free device; the `rejecting` case adds 10% unfit nodes. The cluster mixes eight device profiles with varied load, and the
 //! model has history for the class on a fifth of the nodes, so the own-history lookup, the
 //! per-profile cache and the sorts are all exercised.
 
@@ -24,7 +25,7 @@ fn cluster(n: usize) -> Vec<NodeState> {
         .map(|i| NodeState {
             name: format!("gpu-node-{i:05}"),
             profile: profile(i % MODELS.len()),
-            free_devices: (i % 9) as u32,
+            free_devices: 1 + (i % 8) as u32,
             cpu_allocatable_milli: 96_000,
             cpu_requested_milli: (i as u64 * 7_919) % 64_000,
             memory_allocatable_bytes: 768 << 30,
@@ -79,6 +80,14 @@ fn bench(c: &mut Criterion) {
             b.iter(|| s.rank(&pod, nodes, 1.0e6, 42));
         });
     }
+    let mut nodes = cluster(5_000);
+    for n in nodes.iter_mut().step_by(10) {
+        n.free_devices = 0;
+    }
+    let s = trained(&nodes);
+    group.bench_function("5000-rejecting-10pct", |b| {
+        b.iter(|| s.rank(&pod, &nodes, 1.0e6, 42));
+    });
     group.finish();
 }
 

@@ -46,25 +46,46 @@ const PRIOR_INTERACTION_WEIGHT: f64 = 2.0;
 /// Log sd of the level of a class never seen.
 const UNSEEN_CLASS_LOG_SD: f64 = 1.5;
 
-/// FNV-1a, a fast deterministic hasher for node-name lookups on the ranking hot path.
-#[derive(Clone, Copy, Debug)]
-pub struct Fnv(u64);
+/// A fast deterministic hasher for node-name lookups on the ranking hot path: eight bytes per
+/// step (FxHash-style multiply-rotate) and a splitmix finaliser, so the high bits hashbrown uses
+/// as tags are well mixed even for names that differ only in their last characters.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct NameHasher(u64);
 
-impl Default for Fnv {
-    fn default() -> Self {
-        Self(0xcbf2_9ce4_8422_2325)
+impl NameHasher {
+    fn mix(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x517c_c1b7_2722_0a95);
     }
 }
 
-impl Hasher for Fnv {
+impl Hasher for NameHasher {
     fn finish(&self) -> u64 {
-        self.0
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
     }
+
     fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 ^= u64::from(*b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(c);
+            self.mix(u64::from_le_bytes(b));
         }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            // Byte by byte: a memcpy then a wide load would stall store forwarding.
+            let v = rest
+                .iter()
+                .rev()
+                .fold(0u64, |v, &b| (v << 8) | u64::from(b));
+            self.mix(v ^ ((rest.len() as u64) << 59));
+        }
+    }
+
+    fn write_u8(&mut self, i: u8) {
+        self.mix(u64::from(i));
     }
 }
 
@@ -189,7 +210,7 @@ pub(crate) struct ClassState {
     /// Per-profile cells, by profile key.
     pub cells: BTreeMap<String, Cell>,
     /// Per-node cells.
-    pub nodes: HashMap<String, NodeCell, BuildHasherDefault<Fnv>>,
+    pub nodes: HashMap<String, NodeCell, BuildHasherDefault<NameHasher>>,
     /// Fastest known per-unit log time over the class's profiles (the actual-review reference).
     pub best: Option<f64>,
 }
@@ -236,70 +257,83 @@ impl ModelState {
     }
 
     /// Refits the log-additive transfer model over every (class, profile) cell.
+    ///
+    /// The cells are flattened into dense arrays first, so the alternating least-squares sweeps
+    /// are plain arithmetic (this runs on every observation).
     pub(crate) fn refit(&mut self, config: &SchedulerConfig) {
-        let mut prior: BTreeMap<String, f64> = BTreeMap::new();
-        for class in self.classes.values() {
+        let mut keys: Vec<&str> = Vec::new();
+        let mut prior: Vec<f64> = Vec::new();
+        let mut index: BTreeMap<&str, usize> = BTreeMap::new();
+        // (class, profile, mean, runs)
+        let mut cells: Vec<(usize, usize, f64, f64)> = Vec::new();
+        for (ci, class) in self.classes.values().enumerate() {
             for (key, cell) in &class.cells {
-                prior.entry(key.clone()).or_insert_with(|| {
-                    -capability(&cell.profile.model, &config.capability_overrides)
-                        .speed
-                        .ln()
+                let pi = *index.entry(key.as_str()).or_insert_with(|| {
+                    keys.push(key.as_str());
+                    prior.push(
+                        -capability(&cell.profile.model, &config.capability_overrides)
+                            .speed
+                            .ln(),
+                    );
+                    keys.len() - 1
                 });
+                cells.push((ci, pi, cell.window.est.mean, cell.window.est.n));
             }
         }
         // Warm start from the previous fit: one new run barely moves it, so few sweeps converge.
-        let mut beta = prior.clone();
-        for (key, b) in &mut beta {
-            if let Some(p) = self.profile_effects.get(key) {
-                *b = p.effect;
-            }
-        }
+        let mut beta: Vec<f64> = keys
+            .iter()
+            .zip(&prior)
+            .map(|(k, p)| self.profile_effects.get(*k).map_or(*p, |e| e.effect))
+            .collect();
         let lambda = if config.enable_transfer {
             PROFILE_PRIOR_WEIGHT
         } else {
             f64::INFINITY
         };
+        let n_classes = self.classes.len();
+        let mut mu: Vec<Option<f64>> = vec![None; n_classes];
+        let mut acc = vec![(0.0f64, 0.0f64); n_classes.max(keys.len())];
         for _ in 0..100 {
-            for class in self.classes.values_mut() {
-                let (mut num, mut den) = (0.0, 0.0);
-                for (key, cell) in &class.cells {
-                    let b = beta.get(key).copied().unwrap_or(0.0);
-                    num += cell.window.est.n * (cell.window.est.mean - b);
-                    den += cell.window.est.n;
-                }
-                class.effect = (den > 0.0).then(|| num / den);
+            acc.iter_mut().for_each(|a| *a = (0.0, 0.0));
+            for &(ci, pi, y, n) in &cells {
+                acc[ci].0 += n * (y - beta[pi]);
+                acc[ci].1 += n;
+            }
+            for (m, a) in mu.iter_mut().zip(&acc) {
+                *m = (a.1 > 0.0).then(|| a.0 / a.1);
             }
             if lambda.is_infinite() {
                 break;
             }
-            let mut change = 0f64;
-            for (key, b) in &mut beta {
-                let p = prior.get(key).copied().unwrap_or(0.0);
-                let (mut num, mut den) = (lambda * p, lambda);
-                for class in self.classes.values() {
-                    if let (Some(cell), Some(mu)) = (class.cells.get(key), class.effect) {
-                        num += cell.window.est.n * (cell.window.est.mean - mu);
-                        den += cell.window.est.n;
-                    }
+            acc.iter_mut().for_each(|a| *a = (0.0, 0.0));
+            for &(ci, pi, y, n) in &cells {
+                if let Some(m) = mu[ci] {
+                    acc[pi].0 += n * (y - m);
+                    acc[pi].1 += n;
                 }
-                change = change.max((num / den - *b).abs());
-                *b = num / den;
+            }
+            let mut change = 0f64;
+            for (pi, b) in beta.iter_mut().enumerate() {
+                let new = (lambda * prior[pi] + acc[pi].0) / (lambda + acc[pi].1);
+                change = change.max((new - *b).abs());
+                *b = new;
             }
             if change < 1e-7 {
                 break;
             }
         }
-        self.profile_effects.clear();
+        let mut per_class = vec![0usize; n_classes];
+        for &(ci, ..) in &cells {
+            per_class[ci] += 1;
+        }
         let (mut ss, mut sw) = (0.0, 0.0);
-        for class in self.classes.values() {
-            let Some(mu) = class.effect else { continue };
+        let mut weight = vec![0.0; keys.len()];
+        for &(ci, pi, y, n) in &cells {
+            weight[pi] += n;
             // A class seen on one profile fits it exactly and says nothing about interactions.
-            if class.cells.len() < 2 {
-                continue;
-            }
-            for (key, cell) in &class.cells {
-                let b = beta.get(key).copied().unwrap_or(0.0);
-                let r = cell.window.est.mean - mu - b;
+            if let Some(m) = mu[ci].filter(|_| per_class[ci] >= 2) {
+                let r = y - m - beta[pi];
                 ss += r * r;
                 sw += 1.0;
             }
@@ -309,19 +343,23 @@ impl ModelState {
                 / (PRIOR_INTERACTION_WEIGHT + sw))
                 .sqrt(),
         );
-        if config.enable_transfer {
-            for (key, b) in beta {
-                let weight = self
-                    .classes
-                    .values()
-                    .filter_map(|c| c.cells.get(&key))
-                    .map(|c| c.window.est.n)
-                    .sum();
-                self.profile_effects
-                    .insert(key, ProfileEffect { effect: b, weight });
-            }
-        }
-        for class in self.classes.values_mut() {
+        let effects: BTreeMap<String, ProfileEffect> = if config.enable_transfer {
+            keys.iter()
+                .enumerate()
+                .map(|(pi, k)| {
+                    let e = ProfileEffect {
+                        effect: beta[pi],
+                        weight: weight[pi],
+                    };
+                    ((*k).to_owned(), e)
+                })
+                .collect()
+        } else {
+            BTreeMap::new()
+        };
+        self.profile_effects = effects;
+        for (class, m) in self.classes.values_mut().zip(mu) {
+            class.effect = m;
             class.best = class
                 .cells
                 .values()

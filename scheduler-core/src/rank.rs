@@ -4,12 +4,12 @@
 //! This is the extender's hot path (kube-scheduler calls it serially for every pod), so it works
 //! in two passes over the nodes with per-call caches: nodes share few device profiles, so the
 //! class checks and the profile-level prediction are computed once per distinct profile; per node
-//! there is one hash lookup for its own history and plain arithmetic. Node names are sorted once
-//! and ties are broken by that order, so no string comparison happens inside the queue sorts.
+//! there is one hash lookup for its own history and plain arithmetic. Sorts run on integer keys
+//! and ties are broken by packed name keys, so string comparisons stay out of the queue sorts.
 
 use std::fmt::Write as _;
 
-use crate::config::SchedulerConfig;
+use crate::config::{Exploration, SchedulerConfig};
 use crate::nodeset::{check_node, check_profile};
 use crate::predict::{
     ClassState, LogPrediction, ModelState, NodeCell, predict_node, predict_profile, work_scale,
@@ -18,7 +18,8 @@ use crate::queue::{self, Candidate};
 use crate::review::{good_probability, review, threshold};
 use crate::score::{decay, explored_log_time, good_rate, to_score};
 use crate::types::{
-    DeviceProfile, NodeState, PodSpec, PredictionSource, RankEntry, Ranking, Rejection, Review,
+    DeviceProfile, NodeState, PodSpec, Prediction, PredictionSource, RankEntry, Ranking, Rejection,
+    Review,
 };
 
 /// Per-call cache entry for one device profile.
@@ -29,11 +30,32 @@ struct ProfileInfo<'a> {
     pred: Option<LogPrediction>,
 }
 
-/// One node that passed step 1.
-struct Fit<'a> {
+/// One node that passed step 1, and everything steps 2 to 5 compute for it.
+struct Work<'a> {
     node: &'a NodeState,
+    profile: u32,
     pred: Option<LogPrediction>,
-    cell: Option<&'a NodeCell>,
+    /// The node's own cell, when it has runs on its current profile.
+    own: Option<&'a NodeCell>,
+    /// The name's first bytes and length, so sort keys are built without touching it again.
+    head: [u8; HEAD],
+    name_len: usize,
+    /// Queue inputs (step 4 fills score, rate and time).
+    cand: Candidate<'a>,
+    name_key: u64,
+    good_rate: f64,
+    seconds: f64,
+}
+
+/// Bytes of a node name kept inline for its sort key.
+const HEAD: usize = 24;
+
+/// What every node of a profile without its own history shares in step 4.
+#[derive(Clone, Copy)]
+struct Shared {
+    p_good: f64,
+    p_explore: f64,
+    seconds: f64,
 }
 
 fn profile_index<'a>(
@@ -72,8 +94,10 @@ pub fn rank(
 
     let mut cache: Vec<ProfileInfo<'_>> = Vec::new();
     let mut last = 0usize;
-    let mut fits: Vec<Fit<'_>> = Vec::with_capacity(nodes.len());
+    let mut work: Vec<Work<'_>> = Vec::with_capacity(nodes.len());
     let mut rejected = Vec::new();
+    let mut lcp = usize::MAX;
+    let with_history = class_state.filter(|c| !c.nodes.is_empty());
     for node in nodes {
         if let Err(reason) = check_node(node, pod) {
             rejected.push(Rejection {
@@ -105,81 +129,124 @@ pub fn rank(
             });
             continue;
         }
-        let cell = class_state
-            .filter(|c| !c.nodes.is_empty())
-            .and_then(|c| c.nodes.get(node.name.as_str()));
+        let own = with_history
+            .and_then(|c| c.nodes.get(node.name.as_str()))
+            .filter(|c| c.window.est.n > 0.0 && c.profile_key == info.key);
         let pred = info
             .pred
-            .map(|p| predict_node(p, cell, &info.key, config.min_own_runs));
-        fits.push(Fit { node, pred, cell });
+            .map(|p| predict_node(p, own, &info.key, config.min_own_runs));
+        let name = node.name.as_bytes();
+        let first = work.first().map_or(name, |w| w.node.name.as_bytes());
+        lcp = lcp.min(queue::common_prefix(first, name));
+        let mut head = [0u8; HEAD];
+        let n = name.len().min(HEAD);
+        head[..n].copy_from_slice(&name[..n]);
+        work.push(Work {
+            node,
+            profile: pi as u32,
+            pred,
+            own,
+            head,
+            name_len: name.len(),
+            cand: Candidate {
+                name: &node.name,
+                score: 5,
+                rate: 0.5,
+                log_time: 0.0,
+                default_score: queue::default_score(node, pod),
+            },
+            name_key: 0,
+            good_rate: 0.5,
+            seconds: 0.0,
+        });
     }
 
     // Step 3: the threshold, from the fastest candidate unless the pod has a deadline.
-    let fastest = fits
+    let fastest = work
         .iter()
-        .filter_map(|f| f.pred.map(|p| p.mean))
+        .filter_map(|w| w.pred.map(|p| p.mean))
         .min_by(f64::total_cmp)
         .map(|m| (m + ln_work).exp());
     let factor = class_name.map_or(config.threshold_factor, |c| config.threshold_factor_for(c));
     let threshold_seconds = class_name.and(threshold(pod.deadline_seconds, fastest, factor));
     let ln_thr = threshold_seconds.map(f64::ln);
 
-    // Step 4: reviews and scores.
-    let mut rates = Vec::with_capacity(fits.len());
-    let mut candidates: Vec<Candidate<'_>> = Vec::with_capacity(fits.len());
-    for f in &fits {
-        let (good, bad) = f.cell.map_or((0.0, 0.0), |c| {
+    // Step 4: reviews and scores. Nodes without their own history share their profile's
+    // prediction, so its soft reviews are computed once per profile (Thompson still draws per node).
+    let per_node_draw = matches!(config.exploration, Exploration::Thompson);
+    let weight = config.prediction_review_weight;
+    let review_of = |mean: f64, sd: f64, lt: f64, node: &str| {
+        let p_good = good_probability(mean, sd, lt);
+        let shifted = explored_log_time(&config.exploration, mean, sd, seed, node);
+        (p_good, good_probability(shifted, sd, lt))
+    };
+    let mut shared: Vec<Option<Shared>> = vec![None; cache.len()];
+    for w in &mut work {
+        w.name_key = if w.name_len <= HEAD || lcp + 8 <= HEAD {
+            queue::name_key(&w.head[..w.name_len.min(HEAD)], lcp)
+        } else {
+            queue::name_key(w.node.name.as_bytes(), lcp)
+        };
+        let Some(p) = w.pred else { continue };
+        let mean = p.mean + ln_work;
+        let Some(lt) = ln_thr else {
+            w.seconds = mean.exp();
+            continue;
+        };
+        let (good, bad) = w.own.map_or((0.0, 0.0), |c| {
             let d = decay(now - c.t_ref, config.review_half_life_seconds);
             (c.good * d, c.bad * d)
         });
-        let (rate, explored, log_time) = match (f.pred, ln_thr) {
-            (Some(p), Some(lt)) => {
-                let mean = p.mean + ln_work;
-                let p_good = good_probability(mean, p.sd, lt);
-                let shifted =
-                    explored_log_time(&config.exploration, mean, p.sd, seed, &f.node.name);
-                let p_explore = good_probability(shifted, p.sd, lt);
-                let w = config.prediction_review_weight;
-                (
-                    good_rate(&config.beta_prior, good, bad, p_good, w),
-                    good_rate(&config.beta_prior, good, bad, p_explore, w),
-                    mean,
-                )
-            }
-            _ => (0.5, 0.5, 0.0),
+        let (p_good, p_explore, secs) = if w.own.is_some() {
+            let (g, e) = review_of(mean, p.sd, lt, &w.node.name);
+            (g, e, mean.exp())
+        } else {
+            let sh = *shared[w.profile as usize].get_or_insert_with(|| {
+                let (p_good, p_explore) = review_of(mean, p.sd, lt, &w.node.name);
+                Shared {
+                    p_good,
+                    p_explore,
+                    seconds: mean.exp(),
+                }
+            });
+            let p_explore = if per_node_draw {
+                review_of(mean, p.sd, lt, &w.node.name).1
+            } else {
+                sh.p_explore
+            };
+            (sh.p_good, p_explore, sh.seconds)
         };
-        rates.push(rate);
-        candidates.push(Candidate {
-            name: &f.node.name,
-            score: to_score(explored),
-            rate: explored,
-            log_time,
-            default_score: queue::default_score(f.node, pod),
-        });
+        let explored = good_rate(&config.beta_prior, good, bad, p_explore, weight);
+        w.good_rate = good_rate(&config.beta_prior, good, bad, p_good, weight);
+        w.seconds = secs;
+        w.cand.score = to_score(explored);
+        w.cand.rate = explored;
+        w.cand.log_time = mean;
     }
 
-    // Step 5: queues and merge.
-    let names = queue::name_order(&candidates);
-    let first = queue::first_queue(&candidates, &names);
-    let second = queue::second_queue(&candidates, &names);
-    let merged = queue::merge(&candidates, &first, &second, &config.merge_weights);
+    // Step 5: queues and merge, in one sort (see `queue::recommended`).
+    let merged = queue::recommended_by(&work, |w| (&w.cand, w.name_key), &config.merge_weights);
     let entries = merged
         .iter()
         .enumerate()
-        .map(|(pos, &(i, merged_score))| {
-            let (f, c) = (&fits[i as usize], &candidates[i as usize]);
-            let prediction = f.pred.map(|p| p.to_prediction(pod.work_units));
+        .map(|(pos, &(_, _, i, merged_score))| {
+            let w = &work[i as usize];
+            let prediction = w.pred.map(|p| Prediction {
+                seconds: w.seconds,
+                uncertainty_log_sd: p.sd,
+                source: p.source,
+            });
             let review = match (&prediction, threshold_seconds) {
                 (Some(p), Some(t)) => Some(review(p.seconds, t)),
                 _ => None,
             };
             RankEntry {
-                node: f.node.name.clone(),
+                node: w.node.name.clone(),
                 prediction,
                 review,
-                good_rate: rates[i as usize],
-                score: c.score,
-                default_score: c.default_score,
+                good_rate: w.good_rate,
+                score: w.cand.score,
+                default_score: w.cand.default_score,
                 merged_score,
                 rank: pos + 1,
             }

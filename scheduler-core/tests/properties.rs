@@ -138,13 +138,22 @@ proptest! {
             log_time: log_time.round(),
             default_score: d.round(),
         }).collect();
-        let order = queue::name_order(&c);
+        let order = queue::name_keys(&c);
         let first = queue::first_queue(&c, &order);
         let second = queue::second_queue(&c, &order);
-        let only_kudos = queue::merge(&c, &first, &second, &MergeWeights { kudos: w, default_plugins: 0.0 });
-        let only_default = queue::merge(&c, &first, &second, &MergeWeights { kudos: 0.0, default_plugins: w });
-        prop_assert_eq!(only_kudos.iter().map(|x| x.0).collect::<Vec<_>>(), first);
-        prop_assert_eq!(only_default.iter().map(|x| x.0).collect::<Vec<_>>(), second);
+        let only_kudos = queue::merge(&c, &first, &MergeWeights { kudos: w, default_plugins: 0.0 });
+        let only_default = queue::merge(&c, &second, &MergeWeights { kudos: 0.0, default_plugins: w });
+        prop_assert_eq!(only_kudos.iter().map(|x| x.0).collect::<Vec<_>>(), first.clone());
+        prop_assert_eq!(only_default.iter().map(|x| x.0).collect::<Vec<_>>(), second.clone());
+        // The one-sort recommended queue used by `rank` is the same merge.
+        for weights in [
+            MergeWeights { kudos: w, default_plugins: 0.0 },
+            MergeWeights { kudos: 0.0, default_plugins: w },
+            MergeWeights { kudos: 5.0, default_plugins: w },
+        ] {
+            let tie = if weights.kudos > 0.0 { &first } else { &second };
+            prop_assert_eq!(queue::recommended(&c, &order, &weights), queue::merge(&c, tie, &weights));
+        }
     }
 
     #[test]
@@ -251,7 +260,7 @@ proptest! {
                 log_time: 0.0,
                 default_score: e.default_score,
             }).collect();
-            let names = queue::name_order(&cands);
+            let names = queue::name_keys(&cands);
             let merged: Vec<&str> = r.entries.iter().map(|e| e.node.as_str()).collect();
             if kudos == 0.0 {
                 let second: Vec<&str> = queue::second_queue(&cands, &names)
