@@ -5,10 +5,18 @@ use clap::Parser;
 use kudos_sim::cli::{Args, Settings};
 use kudos_sim::simulate_run;
 
+/// Settings from flags, always on the embedded data (whatever `KUDOS_DATA_DIR` says), so these
+/// tests need nothing outside the repository.
 fn settings(extra: &[&str]) -> Settings {
+    Settings::from_args(&args(extra)).expect("valid settings")
+}
+
+fn args(extra: &[&str]) -> Args {
     let mut argv = vec!["kudos-sim"];
     argv.extend_from_slice(extra);
-    Settings::from_args(&Args::parse_from(argv)).expect("valid settings")
+    let mut a = Args::parse_from(argv);
+    a.data_dir = None;
+    a
 }
 
 /// GPUs are conserved: no node ever holds more than it has, every placeable job runs to the
@@ -141,12 +149,7 @@ fn kudos_config_is_scheduler_core_json() {
     kudos_sim::run_one(&s, 0.3, 0, "kudos", &mut || {}).unwrap();
     let bad = dir.path().join("bad.json");
     std::fs::write(&bad, r#"{"threshold": 1.1}"#).unwrap();
-    let e = Settings::from_args(&Args::parse_from([
-        "kudos-sim",
-        "--kudos-config",
-        bad.to_str().unwrap(),
-    ]))
-    .unwrap_err();
+    let e = Settings::from_args(&args(&["--kudos-config", bad.to_str().unwrap()])).unwrap_err();
     assert!(format!("{e:#}").contains("bad.json"), "{e:#}");
 }
 
@@ -159,10 +162,7 @@ fn unknown_names_fail_before_simulating() {
         vec!["kudos-sim", "--policies", "kube-default,best"],
         vec!["kudos-sim", "--workload", "b2"],
     ] {
-        assert!(
-            Settings::from_args(&Args::parse_from(&argv)).is_err(),
-            "{argv:?}"
-        );
+        assert!(Settings::from_args(&args(&argv[1..])).is_err(), "{argv:?}");
     }
 }
 
