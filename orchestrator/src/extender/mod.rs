@@ -94,7 +94,6 @@ struct CachedFilter {
     uid: String,
     at: std::time::Instant,
     generations: (u64, u64),
-    passed: FastSet<String>,
     explained: Arc<Explained>,
 }
 
@@ -153,10 +152,11 @@ fn pod_spec(f: &PodFacts) -> PodSpec {
     }
 }
 
-/// Candidate names in request order, from `NodeNames` or else `Nodes`.
-fn candidate_names(args: &ExtenderArgs) -> Vec<String> {
-    match (&args.node_names, &args.nodes) {
-        (Some(names), _) => names.clone(),
+/// Candidate names in request order: `NodeNames` moved out of the request (no copy), or else
+/// the names of `Nodes`.
+fn candidate_names(args: &mut ExtenderArgs) -> Vec<String> {
+    match (args.node_names.take(), &args.nodes) {
+        (Some(names), _) => names,
         (None, Some(list)) => list
             .items
             .iter()
@@ -186,9 +186,13 @@ impl Extender {
         let fresh = c.uid == facts.uid
             && c.at.elapsed() < REUSE_WINDOW
             && c.generations == self.generations();
-        let same_nodes =
-            names.len() == c.passed.len() && names.iter().all(|n| c.passed.contains(n));
-        (fresh && same_nodes).then(|| c.explained.clone())
+        // Without a gang, the nodes that passed filter are exactly the ranking's entries.
+        let entries = &c.explained.ranking.entries;
+        let same_nodes = fresh && names.len() == entries.len() && {
+            let passed: FastSet<&str> = entries.iter().map(|e| e.node.as_str()).collect();
+            names.iter().all(|n| passed.contains(n.as_str()))
+        };
+        same_nodes.then(|| c.explained.clone())
     }
 
     fn evaluate(
@@ -272,7 +276,7 @@ impl Extender {
     }
 
     /// `POST <prefix>/filter`.
-    pub fn filter(&self, args: ExtenderArgs) -> ExtenderFilterResult {
+    pub fn filter(&self, mut args: ExtenderArgs) -> ExtenderFilterResult {
         let Some(pod) = args.pod.as_ref() else {
             return ExtenderFilterResult {
                 error: "request has no Pod".into(),
@@ -295,7 +299,8 @@ impl Extender {
                 ..Default::default()
             };
         }
-        let names = candidate_names(&args);
+        let names_form = args.node_names.is_some();
+        let names = candidate_names(&mut args);
         let span = tracing::debug_span!("filter", pod = %format!("{}/{}", facts.namespace, facts.name), class = facts.class.as_deref().unwrap_or(""), nodes = names.len());
         let _g = span.enter();
         let gens = self.generations();
@@ -353,27 +358,16 @@ impl Extender {
                 uid: facts.uid.clone(),
                 at: std::time::Instant::now(),
                 generations: gens,
-                passed: passed.iter().map(|n| (*n).to_owned()).collect(),
                 explained: ev.explained.clone(),
             });
         }
         let keep = |n: &str| passed.contains(n);
-        let (nodes, node_names) = match (args.node_names, args.nodes) {
-            (Some(ns), nodes) => (
-                nodes.map(|mut l| {
-                    l.items
-                        .retain(|n| n.metadata.name.as_deref().is_some_and(keep));
-                    l
-                }),
-                Some(ns.into_iter().filter(|n| keep(n)).collect()),
-            ),
-            (None, Some(mut l)) => {
-                l.items
-                    .retain(|n| n.metadata.name.as_deref().is_some_and(keep));
-                (Some(l), None)
-            }
-            (None, None) => (None, None),
-        };
+        let nodes = args.nodes.map(|mut l| {
+            l.items
+                .retain(|n| n.metadata.name.as_deref().is_some_and(keep));
+            l
+        });
+        let node_names = names_form.then(|| names.into_iter().filter(|n| keep(n)).collect());
         ExtenderFilterResult {
             nodes,
             node_names,
@@ -384,10 +378,10 @@ impl Extender {
     }
 
     /// `POST <prefix>/prioritize`. Errors are only for requests without a pod.
-    pub fn prioritize(&self, args: ExtenderArgs) -> Result<Vec<HostPriority>, String> {
+    pub fn prioritize(&self, mut args: ExtenderArgs) -> Result<Vec<HostPriority>, String> {
         let pod = args.pod.as_ref().ok_or("request has no Pod")?;
         let facts = kobj::pod_facts(pod, &self.unified).map_err(|e| e.to_string())?;
-        let names = candidate_names(&args);
+        let names = candidate_names(&mut args);
         if facts.requests.gpus == 0 {
             return Ok(names
                 .into_iter()
@@ -413,18 +407,15 @@ impl Extender {
             .map(|e| (e.node.as_str(), e.score))
             .collect();
         Ok(names
-            .iter()
-            .map(|n| {
-                let base = i64::from(scores.get(n.as_str()).copied().unwrap_or(0).min(10));
+            .into_iter()
+            .map(|host| {
+                let base = i64::from(scores.get(host.as_str()).copied().unwrap_or(0).min(10));
                 let score = match &gang_open {
-                    Some(open) if open.contains(n) => 10,
+                    Some(open) if open.contains(&host) => 10,
                     Some(_) => 0,
                     None => base,
                 };
-                HostPriority {
-                    host: n.clone(),
-                    score,
-                }
+                HostPriority { host, score }
             })
             .collect())
     }
