@@ -203,7 +203,7 @@ pub fn observe(
     }
     cell.window.push(obs, window);
     state.runs += 1;
-    state.refit(config);
+    state.refit(config, Some(&run.class));
 
     let factor = config.threshold_factor_for(&run.class);
     let half_life = config.review_half_life_seconds;

@@ -67,7 +67,7 @@ impl Scheduler {
     pub fn with_state(config: SchedulerConfig, state: ModelState) -> Self {
         let mut s = Self { config, state };
         if s.state.runs > 0 {
-            s.state.refit(&s.config);
+            s.state.refit(&s.config, None);
         }
         s
     }

@@ -43,6 +43,11 @@ const PROFILE_PRIOR_WEIGHT: f64 = 0.5;
 /// Prior spread of the class x profile interaction and its pseudo-count (in cells).
 const PRIOR_INTERACTION_SD: f64 = 0.3;
 const PRIOR_INTERACTION_WEIGHT: f64 = 2.0;
+/// Shrinkage of the similar-class interaction toward zero, in pseudo-neighbours.
+const SIMILAR_PRIOR_WEIGHT: f64 = 0.5;
+/// Full recomputation period of the similar-class tables, in runs (the observed class's table is
+/// recomputed on every run).
+const SIMILAR_FULL_EVERY: u64 = 64;
 /// Log sd of the level of a class never seen.
 const UNSEEN_CLASS_LOG_SD: f64 = 1.5;
 
@@ -213,6 +218,10 @@ pub(crate) struct ClassState {
     pub nodes: HashMap<String, NodeCell, BuildHasherDefault<NameHasher>>,
     /// Fastest known per-unit log time over the class's profiles (the actual-review reference).
     pub best: Option<f64>,
+    /// Predicted interaction `(mean, sd)` on profiles the class has not run on, from classes that
+    /// behave alike on the profiles both have run on (see [`ModelState::refit`]).
+    #[serde(default)]
+    pub transfer: BTreeMap<String, (f64, f64)>,
 }
 
 /// A fitted profile effect of the transfer model.
@@ -260,7 +269,15 @@ impl ModelState {
     ///
     /// The cells are flattened into dense arrays first, so the alternating least-squares sweeps
     /// are plain arithmetic (this runs on every observation).
-    pub(crate) fn refit(&mut self, config: &SchedulerConfig) {
+    ///
+    /// The additive model misses class-specific speed-ups (a model that is memory bound gains
+    /// less from a new device than one that is compute bound). So, for each class and each profile
+    /// it has not run on, the interaction is also predicted from *similar* classes: those whose
+    /// residuals agree with this class's on the profiles both have run on (a kernel-weighted
+    /// neighbour average, shrunk toward zero). This is collaborative filtering over the class x
+    /// profile matrix; its spread is the uncertainty. `touched` limits that (quadratic) step to one
+    /// class, except every `SIMILAR_FULL_EVERY` runs.
+    pub(crate) fn refit(&mut self, config: &SchedulerConfig, touched: Option<&str>) {
         let mut keys: Vec<&str> = Vec::new();
         let mut prior: Vec<f64> = Vec::new();
         let mut index: BTreeMap<&str, usize> = BTreeMap::new();
@@ -358,6 +375,72 @@ impl ModelState {
             BTreeMap::new()
         };
         self.profile_effects = effects;
+
+        // Similar-class interactions.
+        let n_prof = keys.len();
+        let isd = self.interaction_sd();
+        let mut resid = vec![f64::NAN; n_classes * n_prof];
+        for &(ci, pi, y, _) in &cells {
+            if let Some(m) = mu[ci].filter(|_| per_class[ci] >= 2) {
+                resid[ci * n_prof + pi] = y - m - beta[pi];
+            }
+        }
+        let bandwidth2 = 2.0 * (0.5 * isd).max(0.1).powi(2);
+        let row = |ci: usize| -> BTreeMap<String, (f64, f64)> {
+            let mut out = BTreeMap::new();
+            if !config.enable_transfer || per_class[ci] < 2 {
+                return out;
+            }
+            let mine = &resid[ci * n_prof..(ci + 1) * n_prof];
+            for p in 0..n_prof {
+                if !mine[p].is_nan() {
+                    continue;
+                }
+                let (mut sw, mut swr, mut swr2) = (0.0, 0.0, 0.0);
+                for c2 in (0..n_classes).filter(|&c2| c2 != ci) {
+                    let theirs = &resid[c2 * n_prof..(c2 + 1) * n_prof];
+                    let v = theirs[p];
+                    if v.is_nan() {
+                        continue;
+                    }
+                    let (mut d2, mut m) = (0.0, 0.0);
+                    for (a, b) in mine.iter().zip(theirs) {
+                        if !a.is_nan() && !b.is_nan() {
+                            d2 += (a - b) * (a - b);
+                            m += 1.0;
+                        }
+                    }
+                    if m == 0.0 {
+                        continue;
+                    }
+                    let w = m / (m + 1.0) * (-(d2 / m) / bandwidth2).exp();
+                    sw += w;
+                    swr += w * v;
+                    swr2 += w * v * v;
+                }
+                if sw > 0.0 {
+                    let g = swr / (SIMILAR_PRIOR_WEIGHT + sw);
+                    let spread = (swr2 - 2.0 * g * swr + g * g * sw).max(0.0);
+                    let var =
+                        (SIMILAR_PRIOR_WEIGHT * isd * isd + spread) / (SIMILAR_PRIOR_WEIGHT + sw);
+                    out.insert(keys[p].to_owned(), (g, var.sqrt()));
+                }
+            }
+            out
+        };
+        let full = touched.is_none() || self.runs.is_multiple_of(SIMILAR_FULL_EVERY);
+        let rows: Vec<Option<BTreeMap<String, (f64, f64)>>> = self
+            .classes
+            .keys()
+            .enumerate()
+            .map(|(ci, name)| (full || touched == Some(name.as_str())).then(|| row(ci)))
+            .collect();
+        for (class, row) in self.classes.values_mut().zip(rows) {
+            if let Some(row) = row {
+                class.transfer = row;
+            }
+        }
+
         for (class, m) in self.classes.values_mut().zip(mu) {
             class.effect = m;
             class.best = class
@@ -424,14 +507,19 @@ pub(crate) fn predict_profile(
     };
     let base = match class.and_then(|c| c.effect) {
         Some(mu) => {
-            let sd = (state.interaction_sd().powi(2) + beta_sd * beta_sd).sqrt();
+            let (gamma, gamma_sd) = class
+                .and_then(|c| c.transfer.get(key))
+                .copied()
+                .filter(|_| transferred)
+                .unwrap_or((0.0, state.interaction_sd()));
+            let sd = (gamma_sd * gamma_sd + beta_sd * beta_sd).sqrt();
             let source = if transferred {
                 PredictionSource::Transfer
             } else {
                 PredictionSource::Prior
             };
             LogPrediction {
-                mean: mu + beta,
+                mean: mu + beta + gamma,
                 sd,
                 source,
             }
