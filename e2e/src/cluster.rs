@@ -30,8 +30,11 @@ pub struct ExtenderOptions {
     pub weight: i64,
     /// Whether kube-scheduler ignores the extender when it fails.
     pub ignorable: bool,
-    /// Managed resource name (`kudos.dev/gpu`), `ignoredByScheduler: true`.
+    /// Managed resource name (`kudos.dev/gpu`).
     pub managed_resource: String,
+    /// `ignoredByScheduler` of the managed resource: true when the extender's filter does the
+    /// device accounting, false when kube-scheduler's NodeResourcesFit counts it.
+    pub ignored_by_scheduler: bool,
     /// HTTP timeout.
     pub timeout: Duration,
 }
@@ -47,6 +50,7 @@ impl ExtenderOptions {
             weight: 5,
             ignorable: false,
             managed_resource: "kudos.dev/gpu".into(),
+            ignored_by_scheduler: true,
             timeout: Duration::from_secs(5),
         }
     }
@@ -144,11 +148,12 @@ pub fn scheduler_config(kubeconfig: &Path, qps: u32, extender: Option<&ExtenderO
         }
         s.push_str(&format!(
             "  weight: {}\n  enableHTTPS: false\n  nodeCacheCapable: true\n  ignorable: {}\n  httpTimeout: {}ms\n\
-             \x20 managedResources:\n  - name: {}\n    ignoredByScheduler: true\n",
+             \x20 managedResources:\n  - name: {}\n    ignoredByScheduler: {}\n",
             e.weight,
             e.ignorable,
             e.timeout.as_millis(),
-            e.managed_resource
+            e.managed_resource,
+            e.ignored_by_scheduler
         ));
     }
     s
@@ -287,6 +292,11 @@ impl ControlPlane {
             p.stop();
             let _ = std::fs::rename(self.dir.join("kube-scheduler.log"), self.dir.join(format!("kube-scheduler-{}.log", p.pid())));
         }
+    }
+
+    /// `(name, pid)` of every running control-plane process.
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        self.procs.iter().map(|p| (p.name().to_string(), p.pid())).collect()
     }
 
     /// Fails with a log tail when any control-plane process has exited.

@@ -18,6 +18,7 @@ pub mod cluster;
 pub mod http;
 pub mod kubelet;
 pub mod nodes;
+pub mod null_extender;
 pub mod orchestrator;
 pub mod paths;
 pub mod proc;

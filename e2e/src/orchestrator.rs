@@ -82,6 +82,11 @@ impl Orchestrator {
         http::get_json(&self.http_addr, &format!("/explain/{namespace}/{pod}"))
     }
 
+    /// Process id.
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
     /// Fails when the process exited.
     pub fn check_running(&mut self) -> Result<()> {
         self.proc.check_running()

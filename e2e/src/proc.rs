@@ -135,3 +135,13 @@ where
         tokio::time::sleep(every).await;
     }
 }
+
+/// CPU seconds (user + system) a live process has used so far, from `/proc/<pid>/stat`
+/// (assumes the usual 100 clock ticks per second).
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let (ut, st): (f64, f64) = (f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?);
+    Some((ut + st) / 100.0)
+}

@@ -6,7 +6,7 @@
 //! same API server) and a watch times the bindings. Throughput = bound pods / (last bind -
 //! first bind). Prints a table and one JSON line.
 //!
-//! `kudos-e2e-throughput [--pods N] [--qps Q] [--modes baseline,kudos] [--nodes N]`
+//! `kudos-e2e-throughput [--pods N] [--qps Q] [--modes baseline,kudos,kudos-prioritize,null-extender] [--nodes N]`
 
 use anyhow::{Context, Result, bail};
 use futures::{StreamExt, TryStreamExt};
@@ -30,6 +30,10 @@ struct Opts {
     nodes: Option<usize>,
 }
 
+/// Modes: `baseline` (no extender), `kudos` (filter + prioritize, the extender accounts
+/// `kudos.dev/gpu`), `kudos-prioritize` (prioritize only; kube-scheduler counts the resource),
+/// `null-extender` (filter + prioritize answered by a do-nothing server: the protocol's floor).
+
 fn parse() -> Result<Opts> {
     let mut o = Opts { pods: 1000, qps: 1000, modes: vec!["baseline".into(), "kudos".into()], nodes: None };
     let mut it = std::env::args().skip(1);
@@ -41,7 +45,7 @@ fn parse() -> Result<Opts> {
             "--nodes" => o.nodes = Some(v()?.parse()?),
             "--modes" => o.modes = v()?.split(',').map(str::to_string).collect(),
             "-h" | "--help" => {
-                println!("kudos-e2e-throughput [--pods N=1000] [--qps Q=1000] [--modes baseline,kudos] [--nodes N]");
+                println!("kudos-e2e-throughput [--pods N=1000] [--qps Q=1000] [--modes baseline,kudos,kudos-prioritize,null-extender] [--nodes N]");
                 std::process::exit(0);
             }
             _ => bail!("unknown argument {a}"),
@@ -59,6 +63,8 @@ struct Outcome {
     since_start: Duration,
     /// (verb, mean ms, calls) as the orchestrator measured its extender handlers.
     extender_ms: Vec<(String, f64, u64)>,
+    /// CPU seconds each process used from scheduler start to the last binding.
+    cpu: Vec<(String, f64)>,
 }
 
 impl Outcome {
@@ -104,10 +110,20 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
     eprintln!("[{mode}] {} pods created in {:?}", o.pods, t.elapsed());
 
     let mut orch = None;
-    let extender = if mode == "kudos" {
+    let extender = if mode == "null-extender" {
+        Some(ExtenderOptions::kudos(kudos_e2e::null_extender::start()?))
+    } else if mode.starts_with("kudos") {
         let names: Vec<String> = shapes.iter().map(|s| s.name.clone()).collect();
         let orc = Orchestrator::start(run.path(), Some(&cp.kubeconfig), &names, &[]).await?;
-        let e = ExtenderOptions::kudos(orc.extender_url());
+        let mut e = ExtenderOptions::kudos(orc.extender_url());
+        match mode {
+            "kudos" => {}
+            "kudos-prioritize" => {
+                e.filter_verb = None;
+                e.ignored_by_scheduler = false;
+            }
+            _ => bail!("unknown mode {mode}"),
+        }
         orch = Some(orc);
         Some(e)
     } else {
@@ -125,8 +141,14 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
             }
         }
     });
+    let mut pids = cp.pids();
+    if let Some(orc) = &orch {
+        pids.push(("kudos-orchestrator".into(), orc.pid()));
+    }
     let start = Instant::now();
     cp.start_scheduler(o.qps, extender.as_ref())?;
+    pids = cp.pids().into_iter().filter(|(n, _)| n == "kube-scheduler").chain(pids).collect();
+    let cpu0: Vec<f64> = pids.iter().map(|(_, p)| kudos_e2e::proc::cpu_seconds(*p).unwrap_or(0.0)).collect();
     let mut bound = HashSet::new();
     let (mut first, mut last) = (None, None);
     let deadline = start + Duration::from_secs(900);
@@ -147,6 +169,11 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
         }
     }
     watch.abort();
+    let cpu: Vec<(String, f64)> = pids
+        .iter()
+        .zip(cpu0)
+        .map(|((n, p), c0)| (n.clone(), kudos_e2e::proc::cpu_seconds(*p).unwrap_or(c0) - c0))
+        .collect();
     cp.check_running()?;
     let mut extender_ms = Vec::new();
     if let Some(orc) = orch.as_mut() {
@@ -168,6 +195,7 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
         bind_window: l - f,
         since_start: l - start,
         extender_ms,
+        cpu,
     })
 }
 
@@ -196,7 +224,7 @@ fn extender_means(metrics: &str) -> Vec<(String, f64, u64)> {
 async fn main() -> Result<()> {
     let o = parse()?;
     let mut bins = vec![upstream_bin("etcd"), upstream_bin("kube-apiserver"), upstream_bin("kube-scheduler")];
-    if o.modes.iter().any(|m| m == "kudos") {
+    if o.modes.iter().any(|m| m.starts_with("kudos")) {
         bins.push(kudos_bin("kudos-orchestrator"));
     }
     if !require_bins("throughput", &bins) {
@@ -214,25 +242,29 @@ async fn main() -> Result<()> {
         );
     }
     for r in &out {
+        let per_pod: Vec<String> = r.cpu.iter().map(|(n, c)| format!("{n} {:.2}", c * 1000.0 / r.bound.max(1) as f64)).collect();
+        println!("{}: CPU ms per bound pod: {}", r.mode, per_pod.join(", "));
         for (verb, ms, n) in &r.extender_ms {
             println!("{}: extender {verb}: mean {ms:.2} ms over {n} calls (orchestrator's histogram)", r.mode);
         }
     }
     let base = out.iter().find(|r| r.mode == "baseline").map(Outcome::rate);
-    let kudos = out.iter().find(|r| r.mode == "kudos").map(Outcome::rate);
-    let ratio = match (base, kudos) {
-        (Some(b), Some(k)) if b > 0.0 => Some(k / b),
-        _ => None,
-    };
-    if let Some(r) = ratio {
-        println!("ratio kudos/baseline = {r:.3} (goal >= 0.9)");
+    let mut ratios = serde_json::Map::new();
+    for r in out.iter().filter(|r| r.mode != "baseline") {
+        if let Some(b) = base.filter(|b| *b > 0.0) {
+            println!("ratio {}/baseline = {:.3} (goal >= 0.9)", r.mode, r.rate() / b);
+            ratios.insert(r.mode.clone(), json!(r.rate() / b));
+        }
     }
+    let ratio = ratios.get("kudos").cloned();
     let json = json!({
         "results": out.iter().map(|r| json!({"mode": r.mode, "nodes": r.nodes, "pods": r.pods, "bound": r.bound,
             "bind_window_s": r.bind_window.as_secs_f64(), "since_scheduler_start_s": r.since_start.as_secs_f64(),
             "pods_per_s": r.rate(),
+            "cpu_seconds": r.cpu.iter().map(|(n, c)| json!({"process": n, "seconds": c})).collect::<Vec<_>>(),
             "extender_mean_ms": r.extender_ms.iter().map(|(v, ms, n)| json!({"verb": v, "mean_ms": ms, "calls": n})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
         "ratio": ratio,
+        "ratios": ratios,
     });
     println!("{json}");
     Ok(())
