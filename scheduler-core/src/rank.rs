@@ -43,6 +43,8 @@ struct Work<'a> {
     /// Queue inputs (step 4 fills score, rate and time).
     cand: Candidate<'a>,
     name_key: u64,
+    /// Log time the exploring score reviews (optimistic or sampled).
+    point: f64,
     good_rate: f64,
     seconds: f64,
 }
@@ -156,31 +158,18 @@ pub fn rank(
                 default_score: queue::default_score(node, pod),
             },
             name_key: 0,
+            point: 0.0,
             good_rate: 0.5,
             seconds: 0.0,
         });
     }
 
-    // Step 3: the threshold, from the fastest candidate unless the pod has a deadline.
-    let fastest = work
-        .iter()
-        .filter_map(|w| w.pred.map(|p| p.mean))
-        .min_by(f64::total_cmp)
-        .map(|m| (m + ln_work).exp());
-    let factor = class_name.map_or(config.threshold_factor, |c| config.threshold_factor_for(c));
-    let threshold_seconds = class_name.and(threshold(pod.deadline_seconds, fastest, factor));
-    let ln_thr = threshold_seconds.map(f64::ln);
-
-    // Step 4: reviews and scores. Nodes without their own history share their profile's
-    // prediction, so its soft reviews are computed once per profile (Thompson still draws per node).
-    let per_node_draw = matches!(config.exploration, Exploration::Thompson);
-    let weight = config.prediction_review_weight;
-    let review_of = |mean: f64, sd: f64, lt: f64, node: &str| {
-        let p_good = good_probability(mean, sd, lt);
-        let shifted = explored_log_time(&config.exploration, mean, sd, seed, node);
-        (p_good, good_probability(shifted, sd, lt))
-    };
-    let mut shared: Vec<Option<Shared>> = vec![None; cache.len()];
+    // Step 3: the threshold, from the fastest candidate unless the pod has a deadline. The
+    // exploring score reviews each node's optimistic (UCB) or sampled (Thompson) time against the
+    // same rule applied to those times, so a plausibly faster, unexplored node can outscore an
+    // incumbent that is merely "good" (see `crate::score`).
+    let exploring = !matches!(config.exploration, Exploration::None);
+    let (mut fastest, mut fastest_point) = (f64::INFINITY, f64::INFINITY);
     for w in &mut work {
         w.name_key = if w.name_len <= HEAD || lcp + 8 <= HEAD {
             queue::name_key(&w.head[..w.name_len.min(HEAD)], lcp)
@@ -189,6 +178,31 @@ pub fn rank(
         };
         let Some(p) = w.pred else { continue };
         let mean = p.mean + ln_work;
+        w.cand.log_time = mean;
+        w.point = explored_log_time(&config.exploration, mean, p.sd, seed, &w.node.name);
+        fastest = fastest.min(mean);
+        fastest_point = fastest_point.min(w.point);
+    }
+    let fastest = fastest.is_finite().then(|| fastest.exp());
+    let fastest_point = fastest_point.is_finite().then(|| fastest_point.exp());
+    let factor = class_name.map_or(config.threshold_factor, |c| config.threshold_factor_for(c));
+    let threshold_seconds = class_name.and(threshold(pod.deadline_seconds, fastest, factor));
+    let ln_thr = threshold_seconds.map(f64::ln);
+    let ln_thr_explore =
+        class_name.and(threshold(pod.deadline_seconds, fastest_point, factor).map(f64::ln));
+
+    // Step 4: reviews and scores. Nodes without their own history share their profile's
+    // prediction, so its soft reviews are computed once per profile (Thompson still draws per node).
+    let per_node_draw = matches!(config.exploration, Exploration::Thompson);
+    let weight = config.prediction_review_weight;
+    let explore_p = |point: f64, exploit: f64| match ln_thr_explore {
+        Some(lt) if exploring => good_probability(point, 0.0, lt),
+        _ => exploit,
+    };
+    let mut shared: Vec<Option<Shared>> = vec![None; cache.len()];
+    for w in &mut work {
+        let Some(p) = w.pred else { continue };
+        let mean = w.cand.log_time;
         let Some(lt) = ln_thr else {
             w.seconds = mean.exp();
             continue;
@@ -198,19 +212,20 @@ pub fn rank(
             (c.good * d, c.bad * d)
         });
         let (p_good, p_explore, secs) = if w.own.is_some() {
-            let (g, e) = review_of(mean, p.sd, lt, &w.node.name);
-            (g, e, mean.exp())
+            let g = good_probability(mean, p.sd, lt);
+            (g, explore_p(w.point, g), mean.exp())
         } else {
+            let point = w.point;
             let sh = *shared[w.profile as usize].get_or_insert_with(|| {
-                let (p_good, p_explore) = review_of(mean, p.sd, lt, &w.node.name);
+                let p_good = good_probability(mean, p.sd, lt);
                 Shared {
                     p_good,
-                    p_explore,
+                    p_explore: explore_p(point, p_good),
                     seconds: mean.exp(),
                 }
             });
             let p_explore = if per_node_draw {
-                review_of(mean, p.sd, lt, &w.node.name).1
+                explore_p(point, sh.p_good)
             } else {
                 sh.p_explore
             };
@@ -221,7 +236,6 @@ pub fn rank(
         w.seconds = secs;
         w.cand.score = to_score(explored);
         w.cand.rate = explored;
-        w.cand.log_time = mean;
     }
 
     // Step 5: queues and merge, in one sort (see `queue::recommended`).

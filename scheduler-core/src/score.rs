@@ -21,11 +21,17 @@
 //! rate moves pods to faster device types as soon as the first model knows they are faster, while
 //! a node that actually misbehaves is pulled down by its own bad reviews.
 //!
-//! **Exploration.** A node without evidence has a wide prediction. With UCB (default) its log time
-//! is lowered by `c` standard deviations before the predicted review, so plausible-but-unknown
-//! nodes earn runs; with Thompson sampling the log time is drawn from its posterior with a
-//! generator seeded by the call's seed and the node name (deterministic, input-order free).
-//! Exploration changes the score, never the reported `good_rate`.
+//! **Exploration.** Actual good reviews make an incumbent's rate climb toward 1, and a node that
+//! has never run the class cannot pass `(alpha + w) / (alpha + beta + w)` on predictions alone, so
+//! exploration cannot be a small bonus on the rate. Instead the exploring score reviews a *point*
+//! log time per node: optimistic by `c` standard deviations of the prediction (UCB, default) or
+//! drawn from the prediction's posterior with a generator seeded by the call's seed and the node
+//! name (Thompson: deterministic and input-order free). The points are reviewed against the same
+//! rule applied to the points (`factor` x the best point, or the deadline), with run-to-run noise
+//! only. An unexplored device that may well be faster then outranks an incumbent whose own
+//! narrow prediction is only "good", until runs on it settle the question; a device that is slow
+//! even optimistically is never tried. Exploration changes the score, never the reported
+//! `good_rate`, and a confident prediction (small sd) barely moves.
 
 use crate::config::{BetaPrior, Exploration};
 

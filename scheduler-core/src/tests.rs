@@ -281,3 +281,41 @@ fn state_round_trips_through_json() {
         s2.predict("c", "a", &profile("V100"), None)
     );
 }
+
+/// Closed loop: rank, run on the head of the queue, observe the true time. The class runs 1.25x
+/// faster on the P100 than on the V100 (the prior says the opposite, mildly) and 4x slower on the
+/// K80. Exploration must find the P100, and evidence must keep pods there.
+#[test]
+fn closed_loop_settles_on_the_fastest_type() {
+    let truth = |model: &str| match model {
+        "P100" => 80.0,
+        "V100" => 100.0,
+        _ => 400.0,
+    };
+    let nodes: Vec<NodeState> = ["K80", "P100", "V100"]
+        .iter()
+        .flat_map(|m| (0..2).map(move |i| node(&format!("{}-{i}", m.to_lowercase()), m)))
+        .collect();
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    let mut chosen = Vec::new();
+    let mut t = 0.0;
+    for job in 0..30u64 {
+        let r = s.rank(&pod(Some("c")), &nodes, t, job);
+        let best = r.best().expect("a node fits").node.clone();
+        let model = nodes
+            .iter()
+            .find(|n| n.name == best)
+            .map(|n| n.profile.model.clone())
+            .unwrap_or_default();
+        t += 1000.0;
+        s.observe(&run(&best, &model, "c", truth(&model), t), t)
+            .expect("valid");
+        chosen.push(model);
+    }
+    let last: Vec<&str> = chosen[20..].iter().map(String::as_str).collect();
+    assert!(last.iter().all(|m| *m == "P100"), "{chosen:?}");
+    assert!(
+        chosen.iter().filter(|m| *m == "K80").count() <= 1,
+        "{chosen:?}"
+    );
+}

@@ -237,7 +237,7 @@ fn cross_class_transfer_beats_the_prior_at_zero_runs() {
     let (prior, n_prior) = held_out_mape(&d, false);
     println!("\nk = 0 on a type, class seen on the other types (5 runs each):");
     println!(
-        "  transfer (learned profile factors): MAPE {transfer:.1}% ({n_transfer} via Transfer)"
+        "  transfer (profile factors + similar classes): MAPE {transfer:.1}% ({n_transfer} via Transfer)"
     );
     println!(
         "  capability prior alone:                      MAPE {prior:.1}% ({n_prior} via Transfer)"
