@@ -105,6 +105,19 @@ impl Authenticator for StaticAuthenticator {
     }
 }
 
+// === impl DenyAll ===
+
+/// Refuses every token, with a reason: standalone mode without static tokens, so the rest of
+/// the orchestrator (extender, store) still runs.
+#[derive(Debug)]
+pub struct DenyAll(pub String);
+
+impl Authenticator for DenyAll {
+    fn authenticate<'a>(&'a self, _token: &'a str) -> BoxFuture<'a, Result<Identity, AuthError>> {
+        Box::pin(std::future::ready(Err(AuthError::Invalid(self.0.clone()))))
+    }
+}
+
 // === impl TokenReviewAuthenticator ===
 
 const NEGATIVE_TTL: Duration = Duration::from_secs(10);
