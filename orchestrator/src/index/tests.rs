@@ -1,0 +1,128 @@
+//! Index tests: `apply`/`reset` on `mk_*` objects, then read back node states.
+
+use super::*;
+use crate::kobj::{node_info, pod_facts};
+use k8s_openapi::api::core::v1::{Node, Pod};
+
+const GPU: &str = "kudos.dev/gpu";
+
+fn mk_node(name: &str, gpus: u32, ready: bool) -> Node {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {"kudos.dev/gpu-vendor": "nvidia", "kudos.dev/gpu-model": "NVIDIA L4",
+                                              "kudos.dev/gpu-memory-bytes": "24Gi"}},
+        "status": {"allocatable": {"cpu": "16", "memory": "64Gi", GPU: gpus.to_string()},
+                   "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }, "reason": "KubeletNotReady"}]}
+    }))
+    .unwrap()
+}
+
+fn mk_pod(name: &str, node: Option<&str>, gpus: u32, phase: &str) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"requests": {"cpu": "1", "memory": "1Gi", GPU: gpus.to_string()}}}]},
+        "status": {"phase": phase}
+    }))
+    .unwrap()
+}
+
+fn mk_index() -> Index {
+    Index::new(GPU, 60.0, Scheduler::new(SchedulerConfig::default()), true)
+}
+
+fn state(idx: &Index, name: &str, now: f64) -> NodeState {
+    let (mut s, _) = idx.node_states([name], &HashMap::new(), &HashMap::new(), now);
+    s.pop().expect("known node")
+}
+
+#[test]
+fn free_devices_follow_bound_pods() {
+    let mut idx = mk_index();
+    idx.reset_nodes(vec![node_info(&mk_node("n1", 4, true), GPU)]);
+    idx.reset_pods(&[pod_facts(&mk_pod("a", Some("n1"), 1, "Running"), GPU).unwrap()]);
+    assert!(idx.ready());
+    let s = state(&idx, "n1", 0.0);
+    assert_eq!(
+        (
+            s.free_devices,
+            s.cpu_requested_milli,
+            s.cpu_allocatable_milli
+        ),
+        (3, 1000, 16_000)
+    );
+    assert_eq!(s.profile.memory_bytes, 24 << 30);
+    idx.apply_pod(&pod_facts(&mk_pod("b", Some("n1"), 2, "Running"), GPU).unwrap());
+    assert_eq!(state(&idx, "n1", 0.0).free_devices, 1);
+    // Ended pods release their devices; re-applying a pod does not double count.
+    idx.apply_pod(&pod_facts(&mk_pod("b", Some("n1"), 2, "Succeeded"), GPU).unwrap());
+    idx.apply_pod(&pod_facts(&mk_pod("a", Some("n1"), 1, "Running"), GPU).unwrap());
+    assert_eq!(state(&idx, "n1", 0.0).free_devices, 3);
+    idx.delete_pod(&pod_facts(&mk_pod("a", Some("n1"), 1, "Running"), GPU).unwrap());
+    assert_eq!(state(&idx, "n1", 0.0).free_devices, 4);
+    // In-flight binds from the extender count too.
+    let assumed = HashMap::from([(
+        "n1".to_owned(),
+        Requests {
+            gpus: 2,
+            ..Default::default()
+        },
+    )]);
+    let (s, _) = idx.node_states(["n1"], &HashMap::new(), &assumed, 0.0);
+    assert_eq!(s[0].free_devices, 2);
+}
+
+#[test]
+fn health_from_readiness_devices_and_heartbeats() {
+    let mut idx = mk_index();
+    idx.reset_nodes(vec![
+        node_info(&mk_node("ok", 1, true), GPU),
+        node_info(&mk_node("down", 1, false), GPU),
+    ]);
+    assert!(!idx.ready(), "pods not synced yet");
+    assert_eq!(state(&idx, "ok", 100.0).health, NodeHealth::Healthy);
+    assert!(
+        matches!(state(&idx, "down", 100.0).health, NodeHealth::Unhealthy { reason } if reason.contains("not Ready"))
+    );
+    let hb = |at| HeartbeatInfo {
+        at,
+        agent_version: String::new(),
+        outbox_depth: 0,
+        healthy_devices: 1,
+        total_devices: 1,
+    };
+    idx.heartbeat("ok", hb(50.0));
+    assert_eq!(state(&idx, "ok", 100.0).health, NodeHealth::Healthy);
+    assert!(
+        matches!(state(&idx, "ok", 200.0).health, NodeHealth::Stale { age_seconds } if age_seconds == 150.0)
+    );
+    idx.set_device_health("ok", "nvidia", (0, 1));
+    assert!(matches!(
+        state(&idx, "ok", 60.0).health,
+        NodeHealth::Unhealthy { .. }
+    ));
+}
+
+#[test]
+fn plugin_report_wins_over_labels_and_unknown_nodes_are_named() {
+    let mut idx = mk_index();
+    idx.reset_nodes(vec![node_info(&mk_node("n1", 2, true), GPU)]);
+    let mut cfg = PluginConfig::default();
+    cfg.upsert(
+        "n1",
+        "amd",
+        crate::state::VendorEntry {
+            vendor_resource_name: "amd.com/gpu".into(),
+            devices: vec![crate::state::DeviceRecord {
+                id: "amd-0".into(),
+                model: "MI300X".into(),
+                memory_bytes: 1,
+                ..Default::default()
+            }],
+            plugin_version: "1".into(),
+        },
+        GPU,
+    );
+    idx.set_plugin_config(cfg);
+    assert_eq!(state(&idx, "n1", 0.0).profile.vendor, "amd");
+    let (_, unknown) = idx.node_states(["ghost"], &HashMap::new(), &HashMap::new(), 0.0);
+    assert_eq!(unknown[0].0, "ghost");
+}
