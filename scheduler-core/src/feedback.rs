@@ -31,6 +31,9 @@ const CLIP_SDS: f64 = 4.0;
 /// Minimum clip half-width in log space (a factor 10).
 const MIN_CLIP: f64 = std::f64::consts::LN_10;
 
+/// Log change of the class reference that triggers re-judging all its nodes (1%).
+const REJUDGE_TOLERANCE: f64 = 0.01;
+
 /// Why a run report was rejected. The model is unchanged when `observe` fails.
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum ObserveError {
@@ -171,7 +174,6 @@ pub fn observe(
 
     let window = config.history_window;
     let class = state.classes.entry(run.class.clone()).or_default();
-    let old_best = class.best;
     class
         .cells
         .entry(key.clone())
@@ -218,7 +220,15 @@ pub fn observe(
     } else {
         Review::Bad
     };
-    let moved = old_best.is_none_or(|b| (b - best).abs() > 1e-12);
+    // Re-judge every node only when the reference moved by more than 1% since the last time
+    // (every run on the fastest profile nudges it; re-judging on each nudge would churn the
+    // whole class's reviews for nothing).
+    let moved = class
+        .judged
+        .is_none_or(|b| (b - best).abs() > REJUDGE_TOLERANCE);
+    if moved {
+        class.judged = Some(best);
+    }
     let mut touched: Vec<String> = Vec::new();
     if moved {
         for (name, cell) in &mut class.nodes {

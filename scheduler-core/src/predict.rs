@@ -218,6 +218,9 @@ pub(crate) struct ClassState {
     pub nodes: HashMap<String, NodeCell, BuildHasherDefault<NameHasher>>,
     /// Fastest known per-unit log time over the class's profiles (the actual-review reference).
     pub best: Option<f64>,
+    /// The reference the nodes' actual reviews were last re-judged against.
+    #[serde(default)]
+    pub judged: Option<f64>,
     /// Predicted interaction `(mean, sd)` on profiles the class has not run on, from classes that
     /// behave alike on the profiles both have run on (see [`ModelState::refit`]).
     #[serde(default)]

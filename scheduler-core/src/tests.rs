@@ -319,3 +319,42 @@ fn closed_loop_settles_on_the_fastest_type() {
         "{chosen:?}"
     );
 }
+
+#[test]
+fn a_new_fastest_profile_rejudges_the_class_in_the_third_queue() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    let mut t = 0.0;
+    for _ in 0..3 {
+        t += 100.0;
+        let f = s
+            .observe(&run("slow", "K80", "c", 400.0, t), t)
+            .expect("valid");
+        assert_eq!(f.review, Review::Good, "the only profile is the reference");
+    }
+    let before = s
+        .rank(&pod(Some("c")), &[node("slow", "K80")], t, 1)
+        .entries[0]
+        .good_rate;
+    t += 100.0;
+    let f = s
+        .observe(&run("fast", "V100", "c", 100.0, t), t)
+        .expect("valid");
+    assert_eq!(f.review, Review::Good);
+    let names: Vec<&str> = f.third_queue.iter().map(|x| x.0.as_str()).collect();
+    assert_eq!(names, ["fast", "slow"], "{:?}", f.third_queue);
+    assert!(f.third_queue[0].1 > f.third_queue[1].1);
+    // The slow node's past runs are now bad reviews.
+    let after = s.rank(
+        &pod(Some("c")),
+        &[node("slow", "K80"), node("fast", "V100")],
+        t,
+        1,
+    );
+    let slow = after
+        .entries
+        .iter()
+        .find(|e| e.node == "slow")
+        .expect("ranked");
+    assert!(slow.good_rate < before, "{before} -> {}", slow.good_rate);
+    assert_eq!(after.best().map(|e| e.node.as_str()), Some("fast"));
+}
