@@ -49,6 +49,9 @@ pub enum IngestError {
     /// Persisting failed; nothing was acknowledged.
     #[error("cannot store: {0}")]
     Store(#[from] StoreError),
+    /// A bug: a lock was poisoned by a panic.
+    #[error("internal error: {0}")]
+    Internal(&'static str),
 }
 
 /// The one mapping from ingestion errors to gRPC statuses.
@@ -63,6 +66,10 @@ pub fn to_status(e: IngestError) -> Status {
         | IngestError::WrongNode { .. } => Status::permission_denied(e.to_string()),
         IngestError::Auth(_) => Status::unauthenticated(e.to_string()),
         IngestError::Invalid(_) => Status::invalid_argument(e.to_string()),
+        IngestError::Internal(_) => {
+            tracing::error!(error = %e, "ingestion failed");
+            Status::internal(e.to_string())
+        }
     }
 }
 
@@ -253,7 +260,7 @@ impl Ingest {
 }
 
 fn poisoned() -> IngestError {
-    IngestError::Invalid("internal: index lock poisoned".into())
+    IngestError::Internal("index lock poisoned")
 }
 
 /// Converts and validates a report; `Err` is the REJECTED reason.
