@@ -7,7 +7,7 @@
 //! | Step | Module | What |
 //! | --- | --- | --- |
 //! | 1 | [`nodeset`] | nodes that fit the pod and whose devices the class allows |
-//! | 2 | [`predict`], [`prior`] | first model: compute time, uncertainty, source |
+//! | 2 | [`predict`], [`prior`], `transfer` | first model: compute time, uncertainty, source |
 //! | 3 | [`review`] | good / bad against a deadline or the best candidate |
 //! | 4 | [`score`] | second model: decayed good-review rate, Beta prior, exploration, 0..=10 |
 //! | 5 | [`queue`] | first queue, default plugins (second queue), merge (recommended queue) |
@@ -29,6 +29,7 @@ pub mod queue;
 mod rank;
 pub mod review;
 pub mod score;
+mod transfer;
 pub mod types;
 
 pub use config::{BetaPrior, ClassConfig, ConfigError, Exploration, MergeWeights, SchedulerConfig};

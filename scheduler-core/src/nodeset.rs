@@ -4,7 +4,7 @@
 //! requests, and carries devices the class allows (vendor or model lists, minimum device memory).
 //! Every exclusion carries a reason an operator can act on, because "why did my pod not go to
 //! node X" is the first question anyone asks a scheduler. Device-level checks depend only on the
-//! profile, so [`crate::rank`] evaluates them once per distinct profile.
+//! profile, so [`crate::Scheduler::rank`] evaluates them once per distinct profile.
 
 use crate::config::ClassConfig;
 use crate::types::{DeviceProfile, NodeHealth, NodeState, PodSpec};
