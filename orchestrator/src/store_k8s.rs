@@ -195,3 +195,106 @@ impl Store for ConfigMapStore {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::RunOutcome;
+    use std::sync::{Arc, Mutex};
+
+    /// A fake API server holding one ConfigMap with resourceVersion checks; the first replace
+    /// conflicts, as when another replica wrote in between.
+    fn api() -> (kube::Client, Arc<Mutex<Option<serde_json::Value>>>) {
+        let cm: Arc<Mutex<Option<serde_json::Value>>> = Arc::default();
+        let conflicts = Arc::new(Mutex::new(1u32));
+        let state = cm.clone();
+        let (client, _) = crate::fake_api::client(Arc::new(move |method, path, body| {
+            let base = "/api/v1/namespaces/ns/configmaps";
+            let mut cur = state.lock().unwrap();
+            match (method.as_str(), path) {
+                ("GET", p) if p == format!("{base}/st") => match cur.as_ref() {
+                    Some(v) => (200, v.clone()),
+                    None => (404, crate::fake_api::status(404, "NotFound")),
+                },
+                ("POST", p) if p == base => {
+                    let mut v = body.clone();
+                    v["metadata"]["resourceVersion"] = "1".into();
+                    *cur = Some(v.clone());
+                    (201, v)
+                }
+                ("PUT", p) if p == format!("{base}/st") => {
+                    let mut left = conflicts.lock().unwrap();
+                    let rv = cur
+                        .as_ref()
+                        .and_then(|c| c["metadata"]["resourceVersion"].as_str().map(str::to_owned));
+                    if *left > 0 || body["metadata"]["resourceVersion"].as_str() != rv.as_deref() {
+                        *left = (*left).saturating_sub(1);
+                        return (409, crate::fake_api::status(409, "Conflict"));
+                    }
+                    let mut v = body.clone();
+                    let next = rv.and_then(|r| r.parse::<u64>().ok()).unwrap_or(0) + 1;
+                    v["metadata"]["resourceVersion"] = next.to_string().into();
+                    *cur = Some(v.clone());
+                    (200, v)
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }));
+        (client, cm)
+    }
+
+    fn run(id: &str) -> StoredRun {
+        StoredRun {
+            seq: 0,
+            report_id: id.into(),
+            run_id: id.into(),
+            node: "n1".into(),
+            pod_namespace: "d".into(),
+            pod_name: "p".into(),
+            class: "c".into(),
+            device_ids: vec![],
+            outcome: RunOutcome::Completed,
+            start: 1.0,
+            end: 2.0,
+            gpu_busy_seconds: 1.0,
+            progress: None,
+            work_done: None,
+            profile: None,
+            received_at: 3.0,
+        }
+    }
+
+    #[tokio::test]
+    async fn appends_dedup_survive_conflicts_and_snapshots_prune() {
+        let (client, cm) = api();
+        let s = ConfigMapStore::new(client, "ns", "st");
+        assert_eq!(s.load().await.unwrap().runs_to_replay.len(), 0);
+        assert_eq!(s.append_run(run("a")).await.unwrap(), Appended::Stored(1));
+        assert_eq!(
+            s.append_run(run("b")).await.unwrap(),
+            Appended::Stored(2),
+            "retried after a conflict"
+        );
+        assert_eq!(s.append_run(run("a")).await.unwrap(), Appended::Duplicate);
+        s.save_model(b"{\"m\":1}".to_vec(), 1).await.unwrap();
+        let cfg = PluginConfig {
+            generation: 3,
+            ..Default::default()
+        };
+        s.save_plugin_config(cfg).await.unwrap();
+        let l = s.load().await.unwrap();
+        assert_eq!(l.plugin_config.generation, 3);
+        assert_eq!(l.model, Some((b"{\"m\":1}".to_vec(), 1)));
+        assert_eq!(
+            l.runs_to_replay.iter().map(|r| r.seq).collect::<Vec<_>>(),
+            vec![2]
+        );
+        assert_eq!(l.known_reports, 2);
+        assert!(
+            cm.lock().unwrap().as_ref().unwrap()["data"]["runs.json"]
+                .as_str()
+                .unwrap()
+                .contains("\"b\"")
+        );
+    }
+}
