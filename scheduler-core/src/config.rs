@@ -120,7 +120,8 @@ pub struct SchedulerConfig {
     pub gang_profile_tolerance: f64,
     /// Runs kept per (class, node) and (class, profile) for the robust estimate.
     pub history_window: usize,
-    /// Predicted time, seconds, of a class with no history at all on a V100-class device.
+    /// Predicted time, seconds (per work unit when the pod declares work), of a class with no
+    /// history at all on a V100-class device: a placeholder level until the first run.
     pub default_class_seconds: f64,
     /// Learn profile speed factors across classes (disable to compare against the prior alone).
     pub enable_transfer: bool,

@@ -3,7 +3,9 @@
 //!
 //! * **Actual time.** A completed run took `end - start`; a run in progress is extrapolated as
 //!   `elapsed / progress` and counts with weight `progress`, so an early guess moves the model
-//!   less than a finished run.
+//!   less than a finished run. The actual time is wall time, start to end: it is what the job's
+//!   completion time is made of. `gpu_busy_seconds` is validated (it cannot exceed the elapsed
+//!   time) but does not replace it; `gpus` is not a model input (a class is one resource shape).
 //! * **Validation.** Nothing a pod writes may poison the model: non-finite values, `end < start`,
 //!   zero durations, progress outside (0, 1], non-positive work and busy time above the elapsed
 //!   time are typed errors, and the model is untouched.

@@ -358,3 +358,40 @@ fn a_new_fastest_profile_rejudges_the_class_in_the_third_queue() {
     assert!(slow.good_rate < before, "{before} -> {}", slow.good_rate);
     assert_eq!(after.best().map(|e| e.node.as_str()), Some("fast"));
 }
+
+#[test]
+fn gang_mixes_profiles_only_when_much_faster() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    for i in 1..=3 {
+        let t = f64::from(i) * 1000.0;
+        for (n, m, secs) in [
+            ("a1", "A100", 50.0),
+            ("v1", "V100", 100.0),
+            ("v2", "V100", 100.0),
+        ] {
+            s.observe(&run(n, m, "c", secs, t), t).expect("valid");
+        }
+    }
+    let mut p = pod(Some("c"));
+    p.gpus = 4;
+    // Each node has one 4-device slot. Two members: A100 + V100 is no faster than V100 + V100
+    // (the slowest member is a V100 either way), so one profile wins. Three members need all
+    // three nodes: mixing is the only option.
+    p.gang = Some(GangSpec {
+        name: "g".into(),
+        size: 2,
+    });
+    let nodes = vec![node("a1", "A100"), node("v1", "V100"), node("v2", "V100")];
+    let g = s.place_gang(&p, &nodes, 5000.0, 1).expect("fits");
+    // Mixed (A100 + V100) has the same slowest member as all-V100: one profile wins.
+    assert!(g.members.iter().all(|m| m.node.starts_with('v')), "{g:?}");
+    p.gang = Some(GangSpec {
+        name: "g".into(),
+        size: 3,
+    });
+    let g = s.place_gang(&p, &nodes, 5000.0, 1).expect("fits");
+    let mut used: Vec<&str> = g.members.iter().map(|m| m.node.as_str()).collect();
+    used.sort_unstable();
+    assert_eq!(used, ["a1", "v1", "v2"]);
+    assert!((g.predicted_seconds - 100.0).abs() < 5.0, "{g:?}");
+}
