@@ -173,22 +173,36 @@ fn container_requests(c: &Container, unified: &str) -> Requests {
     }
 }
 
-/// Effective requests as kube-scheduler computes them: the sum over containers, at least the
-/// largest init container, plus pod overhead.
+/// Effective requests as kube-scheduler computes them: the sum over containers plus sidecars
+/// (restartable init containers), at least what any init container needs while the sidecars
+/// started before it run, plus pod overhead.
 pub fn pod_requests(pod: &Pod, unified: &str) -> Requests {
     let Some(spec) = pod.spec.as_ref() else {
         return Requests::default();
     };
-    let mut sum = Requests::default();
+    let max = |a: Requests, b: Requests| Requests {
+        gpus: a.gpus.max(b.gpus),
+        cpu_milli: a.cpu_milli.max(b.cpu_milli),
+        memory_bytes: a.memory_bytes.max(b.memory_bytes),
+    };
+    let mut sidecars = Requests::default();
+    let mut init_peak = Requests::default();
+    for c in spec.init_containers.iter().flatten() {
+        let r = container_requests(c, unified);
+        if c.restart_policy.as_deref() == Some("Always") {
+            sidecars.add(r);
+            init_peak = max(init_peak, sidecars);
+        } else {
+            let mut during = sidecars;
+            during.add(r);
+            init_peak = max(init_peak, during);
+        }
+    }
+    let mut sum = sidecars;
     for c in &spec.containers {
         sum.add(container_requests(c, unified));
     }
-    for c in spec.init_containers.iter().flatten() {
-        let r = container_requests(c, unified);
-        sum.gpus = sum.gpus.max(r.gpus);
-        sum.cpu_milli = sum.cpu_milli.max(r.cpu_milli);
-        sum.memory_bytes = sum.memory_bytes.max(r.memory_bytes);
-    }
+    let mut sum = max(sum, init_peak);
     if let Some(o) = spec.overhead.as_ref() {
         sum.cpu_milli += o
             .get("cpu")
@@ -291,4 +305,31 @@ pub fn seed_of(uid: &str) -> u64 {
     uid.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_count_sidecars_and_init_peaks() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "initContainers": [
+                    {"name": "setup", "resources": {"requests": {"cpu": "4", "kudos.dev/gpu": "1"}}},
+                    {"name": "proxy", "restartPolicy": "Always", "resources": {"requests": {"cpu": "500m"}}}
+                ],
+                "containers": [
+                    {"name": "a", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"kudos.dev/gpu": "2"}}},
+                    {"name": "b", "resources": {"requests": {"cpu": "1"}}}
+                ],
+                "overhead": {"cpu": "100m"}
+            }
+        }))
+        .unwrap();
+        let r = pod_requests(&pod, "kudos.dev/gpu");
+        // cpu: max(1 + 1 + 0.5, 4) + 0.1; gpus from limits (no request given).
+        assert_eq!((r.cpu_milli, r.memory_bytes, r.gpus), (4100, 1 << 30, 2));
+    }
 }
