@@ -91,6 +91,8 @@ pub struct Ingest {
     pub lock: Mutex<()>,
     /// Becomes true on shutdown: streams stop taking reports.
     pub draining: watch::Receiver<bool>,
+    /// Publishes every persisted plugin-configuration change (for the rollout reconciler).
+    pub plugin_updates: watch::Sender<crate::state::PluginConfig>,
 }
 
 impl Ingest {
@@ -174,8 +176,11 @@ impl Ingest {
             let mut idx = self.index.write().map_err(|_| poisoned())?;
             idx.set_device_health(&r.node, &r.vendor, (healthy, total));
             if changed {
-                idx.set_plugin_config(cfg);
+                idx.set_plugin_config(cfg.clone());
             }
+        }
+        if changed {
+            self.plugin_updates.send_replace(cfg);
         }
         self.metrics.plugin_generation.set(generation as i64);
         tracing::info!(node = %r.node, vendor = %r.vendor, from = %r.vendor_resource_name, to = %self.unified, generation, changed, "plugin reported");

@@ -349,6 +349,13 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         heartbeat_max_age: s.heartbeat_max_age_seconds,
         lock: tokio::sync::Mutex::new(()),
         draining: drain_rx.clone(),
+        // Rollout (issue 8) subscribes here once wired; until then nobody listens.
+        plugin_updates: tokio_watch::Sender::new(
+            index
+                .read()
+                .map(|i| i.plugin_config().clone())
+                .unwrap_or_default(),
+        ),
     });
     let grpc_listener = tokio::net::TcpListener::bind(s.grpc_listen)
         .await

@@ -19,6 +19,10 @@ pub struct PluginConfig {
     pub unified_resource_name: String,
     /// Node name → vendor key → entry.
     pub nodes: BTreeMap<String, BTreeMap<String, VendorEntry>>,
+    /// Plugin group → derived plugin image (by digest), recorded by the rollout (issue 8);
+    /// opaque here. The JSON of this struct is what rollout's `PluginConfigView` reads.
+    #[serde(default)]
+    pub images: BTreeMap<String, serde_json::Value>,
 }
 
 /// One vendor's plugin on one node.
@@ -195,6 +199,23 @@ mod tests {
                 })
                 .collect(),
             plugin_version: "1".into(),
+        }
+    }
+
+    #[test]
+    fn json_shape_is_the_rollout_view() {
+        let mut c = PluginConfig::default();
+        c.upsert("n1", "nvidia", entry(1), "kudos.dev/gpu");
+        let v = serde_json::to_value(&c).unwrap();
+        let e = &v["nodes"]["n1"]["nvidia"];
+        assert_eq!(v["unifiedResourceName"], "kudos.dev/gpu");
+        assert_eq!(v["generation"], 1);
+        assert!(v["images"].is_object());
+        assert_eq!(e["vendorResourceName"], "nvidia.com/gpu");
+        assert_eq!(e["pluginVersion"], "1");
+        let d = &e["devices"][0];
+        for k in ["id", "model", "memoryBytes", "uuid", "numaNode"] {
+            assert!(d.get(k).is_some(), "{k} missing: {d}");
         }
     }
 

@@ -79,6 +79,7 @@ async fn start(gate: Option<Arc<Semaphore>>) -> Server {
         heartbeat_max_age: 120.0,
         lock: tokio::sync::Mutex::new(()),
         draining,
+        plugin_updates: tokio::sync::watch::Sender::new(Default::default()),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = format!("http://{}", listener.local_addr().unwrap());
