@@ -16,6 +16,11 @@
 //! | 8 | [`Ranking::to_table`] | explanation |
 //!
 //! Start with [`Scheduler::rank`] and [`Scheduler::observe`].
+//!
+//! Beyond the shared contract the crate offers [`Scheduler::try_new`] (validate, then build),
+//! read-only summaries of [`ModelState`] (`classes`, `runs`, `node_runs`) and the building blocks
+//! as public modules ([`queue`] reproduces kube-scheduler's default scoring, [`prior`] holds the
+//! capability table) so `/explain` and the simulator can show intermediate results.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
