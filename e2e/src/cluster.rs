@@ -40,19 +40,50 @@ pub struct ExtenderOptions {
 }
 
 impl ExtenderOptions {
-    /// The Kudos defaults: filter + prioritize, weight 5, not ignorable, `kudos.dev/gpu`.
+    /// The extender as the project ships it: the first `extenders` entry of
+    /// `deploy/scheduler/kube-scheduler-config.yaml` (verbs, weight, ignorable, timeout,
+    /// managed resource and its `ignoredByScheduler`), with `url_prefix` instead of the
+    /// in-cluster URL. Falls back to filter + prioritize + bind, weight 5, `kudos.dev/gpu`
+    /// counted by kube-scheduler, when the file is absent or unreadable.
     pub fn kudos(url_prefix: impl Into<String>) -> Self {
-        Self {
+        let mut o = Self {
             url_prefix: url_prefix.into(),
             filter_verb: Some("filter".into()),
             prioritize_verb: Some("prioritize".into()),
-            bind_verb: None,
+            bind_verb: Some("bind".into()),
             weight: 5,
             ignorable: false,
             managed_resource: "kudos.dev/gpu".into(),
-            ignored_by_scheduler: true,
+            ignored_by_scheduler: false,
             timeout: Duration::from_secs(5),
+        };
+        let path = crate::paths::repo_root().join("deploy/scheduler/kube-scheduler-config.yaml");
+        let Some(e) = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| serde_yaml::from_str::<serde_yaml::Value>(&t).ok())
+            .and_then(|v| v.get("extenders").and_then(|x| x.get(0)).cloned())
+        else {
+            eprintln!("e2e: {} unreadable; using built-in extender defaults", path.display());
+            return o;
+        };
+        let verb = |k: &str| e.get(k).and_then(|v| v.as_str()).map(str::to_string);
+        o.filter_verb = verb("filterVerb");
+        o.prioritize_verb = verb("prioritizeVerb");
+        o.bind_verb = verb("bindVerb");
+        if let Some(w) = e.get("weight").and_then(|v| v.as_i64()) {
+            o.weight = w;
         }
+        o.ignorable = e.get("ignorable").and_then(|v| v.as_bool()).unwrap_or(false);
+        if let Some(t) = verb("httpTimeout").and_then(|t| t.strip_suffix('s').and_then(|x| x.parse::<f64>().ok())) {
+            o.timeout = Duration::from_secs_f64(t);
+        }
+        if let Some(m) = e.get("managedResources").and_then(|m| m.get(0)) {
+            if let Some(n) = m.get("name").and_then(|v| v.as_str()) {
+                o.managed_resource = n.to_string();
+            }
+            o.ignored_by_scheduler = m.get("ignoredByScheduler").and_then(|v| v.as_bool()).unwrap_or(false);
+        }
+        o
     }
 }
 

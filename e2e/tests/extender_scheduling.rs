@@ -71,6 +71,26 @@ fn fastest_by_model(ex: &serde_json::Value, model_of: &BTreeMap<String, String>)
     (t4, other)
 }
 
+/// History: every node ran the class six times; T4 nodes took 100 s, P100 300 s, V100 400 s.
+async fn feed_history(orch: &Orchestrator, shapes: &[kudos_e2e::nodes::NodeShape]) -> anyhow::Result<()> {
+    let secs = |m: &str| match m {
+        "T4" => 100.0,
+        "P100" => 300.0,
+        _ => 400.0,
+    };
+    let mut seq = 0;
+    for s in shapes {
+        let reports = (0..6)
+            .map(|i| {
+                seq += 1;
+                completed_run(&s.name, &s.model, CLASS, secs(&s.model), 600.0 + 700.0 * i as f64, seq)
+            })
+            .collect();
+        report_runs(&orch.grpc_addr, &s.name, reports).await?;
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extender_steers_class_to_fastest_model_and_explain_agrees() -> anyhow::Result<()> {
     let bins = [upstream_bin("etcd"), upstream_bin("kube-apiserver"), upstream_bin("kube-scheduler"), kudos_bin("kudos-orchestrator")];
@@ -85,7 +105,6 @@ async fn extender_steers_class_to_fastest_model_and_explain_agrees() -> anyhow::
     let names: Vec<String> = shapes.iter().map(|s| s.name.clone()).collect();
     let mut orch = Orchestrator::start(run.path(), Some(&cp.kubeconfig), &names, &[]).await?;
     let mut ext = ExtenderOptions::kudos(orch.extender_url());
-    ext.bind_verb = Some("bind".into());
     cp.start_scheduler(50, Some(&ext))?;
     let pods: Api<Pod> = Api::namespaced(cp.client.clone(), "default");
 
@@ -108,23 +127,7 @@ async fn extender_steers_class_to_fastest_model_and_explain_agrees() -> anyhow::
     }
     assert!(t4 > other, "without history the capability prior must not make the T4 fastest (else the test proves nothing): {ex}");
 
-    // History: every node ran the class several times; T4 nodes took 100 s, P100 300 s,
-    // V100 400 s.
-    let secs = |m: &str| match m {
-        "T4" => 100.0,
-        "P100" => 300.0,
-        _ => 400.0,
-    };
-    let mut seq = 0;
-    for s in &shapes {
-        let reports = (0..6)
-            .map(|i| {
-                seq += 1;
-                completed_run(&s.name, &s.model, CLASS, secs(&s.model), 600.0 + 700.0 * i as f64, seq)
-            })
-            .collect();
-        report_runs(&orch.grpc_addr, &s.name, reports).await?;
-    }
+    feed_history(&orch, &shapes).await?;
 
     let nodes: Api<Node> = Api::all(cp.client.clone());
     for i in 0..6 {
@@ -160,6 +163,127 @@ async fn extender_steers_class_to_fastest_model_and_explain_agrees() -> anyhow::
     ext.bind_verb = None; // an ignorable extender must not be the binder
     cp.start_scheduler(50, Some(&ext))?;
     bound_node(&pods, "while-down").await?;
+    cp.check_running()?;
+    run.pass();
+    Ok(())
+}
+
+/// A gang (3 members x 4 GPUs) of the class: the first evaluated member reserves slots for
+/// all (`/explain` shows them), members are bound exactly there through the extender's bind,
+/// on T4 nodes (a gang runs at the pace of its slowest member), and no node is overcommitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known orchestrator bug (fails ~2 in 3): a member evaluated while an earlier member's bind is in flight takes a node whose slot is already used (reserved t4-2,t4-2,t4-1; bound t4-1,t4-2,t4-1); run with --include-ignored"]
+async fn extender_gang_members_bind_to_reserved_slots() -> anyhow::Result<()> {
+    let bins = [upstream_bin("etcd"), upstream_bin("kube-apiserver"), upstream_bin("kube-scheduler"), kudos_bin("kudos-orchestrator")];
+    if !require_bins("extender_gang", &bins) {
+        return Ok(());
+    }
+    let run = RunDir::new("extender-gang")?;
+    let mut cp = ControlPlane::start(&run, ControlPlaneOptions::default()).await?;
+    let shapes = uniform_shapes(&MODELS, 3, 8);
+    create_nodes(&cp.client, &shapes, "kudos.dev/gpu").await?;
+    let model_of: BTreeMap<String, String> = shapes.iter().map(|s| (s.name.clone(), s.model.clone())).collect();
+    let names: Vec<String> = shapes.iter().map(|s| s.name.clone()).collect();
+    let orch = Orchestrator::start(run.path(), Some(&cp.kubeconfig), &names, &[]).await?;
+    let ext = ExtenderOptions::kudos(orch.extender_url());
+    cp.start_scheduler(50, Some(&ext))?;
+    let pods: Api<Pod> = Api::namespaced(cp.client.clone(), "default");
+    feed_history(&orch, &shapes).await?;
+    // Every T4 node could hold two members (8 GPUs), so only the reservation keeps them apart.
+    for i in 0..3 {
+        let mut p = pod(&format!("gang-{i}"), Some(CLASS), Some(4));
+        p.metadata.annotations = Some(
+            [("kudos.dev/gang-name".to_string(), "g1".to_string()), ("kudos.dev/gang-size".to_string(), "3".to_string())].into(),
+        );
+        pods.create(&PostParams::default(), &p).await?;
+    }
+    let mut gang_nodes = Vec::new();
+    for i in 0..3 {
+        gang_nodes.push(bound_node(&pods, &format!("gang-{i}")).await?);
+    }
+    let ex = orch.explain("default", "gang-2")?;
+    let reservation = if ex["gangReservation"].is_null() { &ex["gang_reservation"] } else { &ex["gangReservation"] };
+    let slots: Vec<String> = reservation["slots"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|s| s["node"].as_str().map(str::to_string))
+        .collect();
+    eprintln!("gang g1 bound to {gang_nodes:?}; reserved slots {slots:?}");
+    // No node holds more kudos.dev/gpu than it has.
+    let mut used = BTreeMap::<String, i64>::new();
+    for p in pods.list(&Default::default()).await? {
+        let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+        for c in p.spec.map(|s| s.containers).unwrap_or_default() {
+            if let Some(q) = c.resources.and_then(|r| r.requests).and_then(|r| r.get("kudos.dev/gpu").cloned()) {
+                *used.entry(node.clone()).or_default() += q.0.parse::<i64>().unwrap_or(0);
+            }
+        }
+    }
+    eprintln!("kudos.dev/gpu in use per node: {used:?}");
+    assert!(used.values().all(|&u| u <= 8), "a node is overcommitted: {used:?}");
+    assert_eq!(slots.len(), 3, "/explain shows the gang's reservation: {ex}");
+    let (mut a, mut b) = (gang_nodes.clone(), slots.clone());
+    a.sort();
+    b.sort();
+    assert_eq!(a, b, "members bound to exactly the reserved slots");
+    for n in &gang_nodes {
+        assert_eq!(model_of.get(n).map(String::as_str), Some("T4"), "gang member on {n}");
+    }
+
+    cp.check_running()?;
+    run.pass();
+    Ok(())
+}
+
+/// With the shipped scheduler configuration (and the extender's bind), 10 one-GPU pods created
+/// at once on 3 nodes x 2 GPUs end with 6 bound, none over a node's 2, and the rest
+/// unschedulable. (With `ignoredByScheduler: true` this fails: the extender's filter alone
+/// does not stop overcommit while binds are in flight.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extender_never_overcommits_devices() -> anyhow::Result<()> {
+    let bins = [upstream_bin("etcd"), upstream_bin("kube-apiserver"), upstream_bin("kube-scheduler"), kudos_bin("kudos-orchestrator")];
+    if !require_bins("extender_overcommit", &bins) {
+        return Ok(());
+    }
+    let run = RunDir::new("extender-overcommit")?;
+    let mut cp = ControlPlane::start(&run, ControlPlaneOptions::default()).await?;
+    let shapes = uniform_shapes(&["T4"], 3, 2);
+    create_nodes(&cp.client, &shapes, "kudos.dev/gpu").await?;
+    let names: Vec<String> = shapes.iter().map(|s| s.name.clone()).collect();
+    let orch = Orchestrator::start(run.path(), Some(&cp.kubeconfig), &names, &[]).await?;
+    let ext = ExtenderOptions::kudos(orch.extender_url());
+    let pods: Api<Pod> = Api::namespaced(cp.client.clone(), "default");
+    for i in 0..10 {
+        pods.create(&PostParams::default(), &pod(&format!("fill-{i}"), Some(CLASS), Some(1))).await?;
+    }
+    cp.start_scheduler(50, Some(&ext))?;
+    let used = wait_for("6 bound and 4 unschedulable", Duration::from_secs(60), Duration::from_millis(250), || {
+        let pods = pods.clone();
+        async move {
+            let list = pods.list(&Default::default()).await.ok()?;
+            let mut used = BTreeMap::<String, u32>::new();
+            let mut unschedulable = 0;
+            for p in &list.items {
+                match p.spec.as_ref().and_then(|s| s.node_name.clone()) {
+                    Some(n) => *used.entry(n).or_default() += 1,
+                    None => {
+                        let c = p.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled").cloned());
+                        if c.is_some_and(|c| c.status == "False") {
+                            unschedulable += 1;
+                        }
+                    }
+                }
+            }
+            let bound: u32 = used.values().sum();
+            (bound + unschedulable == 10 && bound >= 6).then_some(used)
+        }
+    })
+    .await?;
+    eprintln!("one-GPU pods per node: {used:?}");
+    assert!(used.values().all(|&u| u <= 2), "a node is overcommitted: {used:?}");
+    assert_eq!(used.values().sum::<u32>(), 6, "every free GPU is used: {used:?}");
     cp.check_running()?;
     run.pass();
     Ok(())

@@ -30,9 +30,9 @@ struct Opts {
     nodes: Option<usize>,
 }
 
-/// Modes: `baseline` (no extender), `kudos` (filter + prioritize, the extender accounts
-/// `kudos.dev/gpu`), `kudos-prioritize` (prioritize only; kube-scheduler counts the resource),
-/// `null-extender` (filter + prioritize answered by a do-nothing server: the protocol's floor).
+/// Modes: `baseline` (no extender), `kudos` (the extender as `deploy/scheduler` ships it),
+/// `kudos-prioritize` (the same without filter), `null-extender` (filter + prioritize answered
+/// by a do-nothing server, kube-scheduler binds: the protocol's floor).
 
 fn parse() -> Result<Opts> {
     let mut o = Opts { pods: 1000, qps: 1000, modes: vec!["baseline".into(), "kudos".into()], nodes: None };
@@ -111,7 +111,11 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
 
     let mut orch = None;
     let extender = if mode == "null-extender" {
-        Some(ExtenderOptions::kudos(kudos_e2e::null_extender::start()?))
+        let mut e = ExtenderOptions::kudos(kudos_e2e::null_extender::start()?);
+        e.filter_verb = Some("filter".into());
+        e.prioritize_verb = Some("prioritize".into());
+        e.bind_verb = None;
+        Some(e)
     } else if mode.starts_with("kudos") {
         let names: Vec<String> = shapes.iter().map(|s| s.name.clone()).collect();
         let orc = Orchestrator::start(run.path(), Some(&cp.kubeconfig), &names, &[]).await?;
