@@ -231,8 +231,10 @@ impl Extender {
         let assumed = self
             .ledger
             .assumed_by_node(|uid| index.knows_bound_pod(uid), now);
+        // scheduler-core expects unique names; kube-scheduler never repeats one, a client might.
+        let mut seen = FastSet::default();
         let (states, unknown) = index.node_states(
-            names.iter().map(String::as_str),
+            names.iter().map(String::as_str).filter(|n| seen.insert(*n)),
             &from_request,
             &assumed,
             now,
