@@ -9,7 +9,7 @@
 
 use crate::auth::{AuthError, Authenticator, Identity, bearer};
 use crate::index::{HeartbeatInfo, SharedIndex};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, VerbLabels};
 use crate::state::{DeviceRecord, RunOutcome, StoredRun, VendorEntry};
 use crate::store::{Appended, Store, StoreError};
 use kudos_proto::kudos::v1 as pb;
@@ -351,7 +351,15 @@ impl RegistryService for Services {
         req: Request<pb::ReportPluginRequest>,
     ) -> Result<Response<pb::ReportPluginResponse>, Status> {
         let span = tracing::info_span!("report_plugin", node = %req.get_ref().node, vendor = %req.get_ref().vendor);
+        let start = std::time::Instant::now();
         let r = self.0.report_plugin(req).instrument(span).await;
+        self.0
+            .metrics
+            .grpc_duration
+            .get_or_create(&VerbLabels {
+                verb: "report_plugin",
+            })
+            .observe(start.elapsed().as_secs_f64());
         self.0
             .metrics
             .grpc_event("report_plugin", if r.is_ok() { "ok" } else { "error" });
@@ -414,7 +422,13 @@ impl TelemetryService for Services {
         req: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
         let span = tracing::debug_span!("heartbeat", node = %req.get_ref().node);
+        let start = std::time::Instant::now();
         let r = self.0.heartbeat(req).instrument(span).await;
+        self.0
+            .metrics
+            .grpc_duration
+            .get_or_create(&VerbLabels { verb: "heartbeat" })
+            .observe(start.elapsed().as_secs_f64());
         self.0
             .metrics
             .grpc_event("heartbeat", if r.is_ok() { "ok" } else { "error" });

@@ -10,7 +10,7 @@ use prometheus_client::registry::Registry;
 /// Label set `{verb}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VerbLabels {
-    /// `filter`, `prioritize`, `bind`.
+    /// `filter`, `prioritize`, `bind`, or a gRPC method.
     pub verb: &'static str,
 }
 
@@ -32,6 +32,8 @@ pub struct Metrics {
     pub extender_requests: Family<OutcomeLabels, Counter>,
     /// gRPC calls / reports by outcome.
     pub grpc: Family<OutcomeLabels, Counter>,
+    /// Unary gRPC call latency (ReportPlugin, Heartbeat).
+    pub grpc_duration: Family<VerbLabels, Histogram>,
     /// Durable append latency (the wait before an ack).
     pub store_append_duration: Histogram,
     /// Plugin configuration generation.
@@ -70,6 +72,14 @@ impl Metrics {
             "gRPC calls and run reports by method and outcome",
             grpc.clone(),
         );
+        let grpc_duration = Family::<VerbLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.000_1, 2.0, 16))
+        });
+        registry.register(
+            "grpc_request_duration_seconds",
+            "Time to answer a unary gRPC call (authentication and persistence included)",
+            grpc_duration.clone(),
+        );
         let store_append_duration = Histogram::new(exponential_buckets(0.000_1, 2.0, 16));
         registry.register(
             "store_append_duration_seconds",
@@ -89,6 +99,7 @@ impl Metrics {
             extender_duration,
             extender_requests,
             grpc,
+            grpc_duration,
             store_append_duration,
             plugin_generation,
             nodes,
