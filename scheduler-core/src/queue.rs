@@ -113,8 +113,9 @@ fn gpu_request(node: &NodeState, pod: &PodSpec) -> (u64, u64) {
     (used + u64::from(pod.gpus), count)
 }
 
-/// BalancedAllocation score of a node for a pod, 0..=100.
-pub fn balanced_allocation(node: &NodeState, pod: &PodSpec) -> u64 {
+/// The spread of a node's resource fractions before the final square root (or the standard
+/// deviation itself when no root is needed), so a caller can defer the root off a latency chain.
+fn balanced_spread(node: &NodeState, pod: &PodSpec) -> (f64, bool) {
     let fraction = |req: u64, alloc: u64| (req as f64 / alloc as f64).min(1.0);
     let mut f = [0f64; 3];
     let mut n = 0;
@@ -135,21 +136,50 @@ pub fn balanced_allocation(node: &NodeState, pod: &PodSpec) -> u64 {
             n += 1;
         }
     }
-    let std = match n {
-        0 | 1 => 0.0,
-        2 => ((f[0] - f[1]) / 2.0).abs(),
+    match n {
+        0 | 1 => (0.0, false),
+        2 => (((f[0] - f[1]) / 2.0).abs(), false),
         _ => {
             let mean = (f[0] + f[1] + f[2]) / 3.0;
             let (a, b, c) = (f[0] - mean, f[1] - mean, f[2] - mean);
-            ((a * a + b * b + c * c) / 3.0).sqrt()
+            ((a * a + b * b + c * c) / 3.0, true)
         }
-    };
+    }
+}
+
+fn balanced_from_spread((x, root): (f64, bool)) -> u64 {
+    let std = if root { x.sqrt() } else { x };
     ((1.0 - std) * MAX_NODE_SCORE as f64) as u64
+}
+
+/// BalancedAllocation score of a node for a pod, 0..=100.
+pub fn balanced_allocation(node: &NodeState, pod: &PodSpec) -> u64 {
+    balanced_from_spread(balanced_spread(node, pod))
+}
+
+/// The default plugins' score in two halves: computed while the node is in cache, finished later.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct DefaultParts {
+    least: u64,
+    spread: (f64, bool),
+}
+
+impl DefaultParts {
+    pub(crate) fn new(node: &NodeState, pod: &PodSpec) -> Self {
+        Self {
+            least: least_allocated(node, pod),
+            spread: balanced_spread(node, pod),
+        }
+    }
+
+    pub(crate) fn score(self) -> f64 {
+        (self.least + balanced_from_spread(self.spread)) as f64
+    }
 }
 
 /// The default plugins' total score (both at weight 1), 0..=200.
 pub fn default_score(node: &NodeState, pod: &PodSpec) -> f64 {
-    (least_allocated(node, pod) + balanced_allocation(node, pod)) as f64
+    DefaultParts::new(node, pod).score()
 }
 
 /// Length of the common prefix of two byte strings.

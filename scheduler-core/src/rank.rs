@@ -8,11 +8,13 @@
 //! and ties are broken by packed name keys, so string comparisons stay out of the queue sorts.
 
 use std::fmt::Write as _;
+use std::hash::Hasher as _;
 
 use crate::config::{Exploration, SchedulerConfig};
 use crate::nodeset::{check_node, check_profile};
 use crate::predict::{
-    ClassState, LogPrediction, ModelState, NodeCell, predict_node, predict_profile, work_scale,
+    ClassState, LogPrediction, ModelState, NameHasher, NodeCell, predict_node, predict_profile,
+    work_scale,
 };
 use crate::queue::{self, Candidate};
 use crate::review::{good_probability, review, threshold};
@@ -25,6 +27,7 @@ use crate::types::{
 /// Per-call cache entry for one device profile.
 struct ProfileInfo<'a> {
     profile: &'a DeviceProfile,
+    hash: u64,
     key: String,
     allowed: Result<(), String>,
     pred: Option<LogPrediction>,
@@ -43,6 +46,8 @@ struct Work<'a> {
     /// Queue inputs (step 4 fills score, rate and time).
     cand: Candidate<'a>,
     name_key: u64,
+    /// Default plugins' score, finished in step 4.
+    default_parts: queue::DefaultParts,
     /// Log time the exploring score reviews (optimistic or sampled).
     point: f64,
     good_rate: f64,
@@ -60,22 +65,36 @@ struct Shared {
     seconds: f64,
 }
 
+fn profile_hash(p: &DeviceProfile) -> u64 {
+    let mut h = NameHasher::default();
+    h.write(p.vendor.as_bytes());
+    h.write_u8(0xff);
+    h.write(p.model.as_bytes());
+    h.write_u64(u64::from(p.count) ^ p.memory_bytes.rotate_left(32));
+    h.finish()
+}
+
 fn profile_index<'a>(
     cache: &mut Vec<ProfileInfo<'a>>,
     last: &mut usize,
     profile: &'a DeviceProfile,
-    make: impl FnOnce(&'a DeviceProfile) -> ProfileInfo<'a>,
+    make: impl FnOnce(&'a DeviceProfile, u64) -> ProfileInfo<'a>,
 ) -> usize {
     if let Some(p) = cache.get(*last)
-        && (std::ptr::eq(p.profile, profile) || p.profile == profile)
+        && std::ptr::eq(p.profile, profile)
     {
         return *last;
     }
-    if let Some(i) = cache.iter().position(|p| p.profile == profile) {
+    // Nodes share few profiles: compare a hash first, the strings only on a hash match.
+    let h = profile_hash(profile);
+    if let Some(i) = cache
+        .iter()
+        .position(|p| p.hash == h && p.profile == profile)
+    {
         *last = i;
         return i;
     }
-    cache.push(make(profile));
+    cache.push(make(profile, h));
     *last = cache.len() - 1;
     *last
 }
@@ -108,7 +127,7 @@ pub fn rank(
             });
             continue;
         }
-        let pi = profile_index(&mut cache, &mut last, &node.profile, |profile| {
+        let pi = profile_index(&mut cache, &mut last, &node.profile, |profile, hash| {
             let key = profile.key();
             let allowed = match class_name {
                 Some(c) => check_profile(c, class_cfg, profile),
@@ -118,6 +137,7 @@ pub fn rank(
                 class_name.map(|_| predict_profile(state, config, class_state, profile, &key));
             ProfileInfo {
                 profile,
+                hash,
                 key,
                 allowed,
                 pred,
@@ -155,8 +175,9 @@ pub fn rank(
                 score: 5,
                 rate: 0.5,
                 log_time: 0.0,
-                default_score: queue::default_score(node, pod),
+                default_score: 0.0,
             },
+            default_parts: queue::DefaultParts::new(node, pod),
             name_key: 0,
             point: 0.0,
             good_rate: 0.5,
@@ -171,6 +192,7 @@ pub fn rank(
     let exploring = !matches!(config.exploration, Exploration::None);
     let (mut fastest, mut fastest_point) = (f64::INFINITY, f64::INFINITY);
     for w in &mut work {
+        w.cand.default_score = w.default_parts.score();
         w.name_key = if w.name_len <= HEAD || lcp + 8 <= HEAD {
             queue::name_key(&w.head[..w.name_len.min(HEAD)], lcp)
         } else {
