@@ -5,7 +5,7 @@
 //!   `elapsed / progress` and counts with weight `progress`, so an early guess moves the model
 //!   less than a finished run. The actual time is wall time, start to end: it is what the job's
 //!   completion time is made of. `gpu_busy_seconds` is validated (it cannot exceed the elapsed
-//!   time) but does not replace it; `gpus` is not a model input (a class is one resource shape).
+//!   time) but does not replace it; `gpus` selects the class's shape (see [`crate::predict`]).
 //! * **Validation.** Nothing a pod writes may poison the model: non-finite values, `end < start`,
 //!   zero durations, progress outside (0, 1], non-positive work and busy time above the elapsed
 //!   time are typed errors, and the model is untouched.
@@ -23,7 +23,10 @@
 use thiserror::Error;
 
 use crate::config::SchedulerConfig;
-use crate::predict::{ModelState, NodeCell, Obs, Window, predict_node, predict_profile};
+use crate::predict::{
+    ModelState, NodeCell, Obs, Window, class_key, predict_node, predict_profile,
+    predict_profile_for,
+};
 use crate::review::good_probability;
 use crate::score::{decay, good_rate, to_score};
 use crate::types::{Feedback, Review, RunObservation, Timestamp};
@@ -156,12 +159,14 @@ pub fn observe(
     let raw_x = (actual / work).ln();
 
     // Bounded influence: clip around the current node prediction.
-    let class_state = state.classes.get(&run.class);
-    let prof = predict_profile(state, config, class_state, &run.profile, &key);
+    let class_key = class_key(&run.class, run.gpus).into_owned();
+    let lookup = state.class_for(&run.class, run.gpus);
+    let class_state = lookup.own;
+    let prof = predict_profile_for(state, config, lookup, &run.profile, &key);
     let node_cell = class_state.and_then(|c| c.nodes.get(&run.node));
     let pred = predict_node(prof, node_cell, &key, config.min_own_runs);
-    // The first run of a class sets its level: there is nothing to protect yet, and the prior
-    // level (`default_class_seconds`) is a placeholder, not evidence.
+    // The first run of a class (at this GPU count) sets its level: there is nothing to protect
+    // yet, and the cold-start level is a placeholder, not evidence.
     let x = if class_state.is_some_and(|c| c.effect.is_some()) {
         let half = (CLIP_SDS * (pred.sd * pred.sd + 0.01).sqrt()).max(MIN_CLIP);
         raw_x.clamp(pred.mean - half, pred.mean + half)
@@ -175,7 +180,7 @@ pub fn observe(
     };
 
     let window = config.history_window;
-    let class = state.classes.entry(run.class.clone()).or_default();
+    let class = state.classes.entry(class_key.clone()).or_default();
     class
         .cells
         .entry(key.clone())
@@ -207,13 +212,13 @@ pub fn observe(
     }
     cell.window.push(obs, window);
     state.runs += 1;
-    state.refit(config, Some(&run.class));
+    state.refit(config, Some(&class_key));
 
     let factor = config.threshold_factor_for(&run.class);
     let half_life = config.review_half_life_seconds;
     let class = state
         .classes
-        .get_mut(&run.class)
+        .get_mut(&class_key)
         .expect("class inserted above");
     let best = class.best.unwrap_or(x);
     let ln_ref = best + factor.ln();
@@ -251,7 +256,7 @@ pub fn observe(
 
     // Third queue: re-scored nodes, exploit-only, against the class reference.
     let state_ro: &ModelState = state;
-    let class = &state_ro.classes[&run.class];
+    let class = &state_ro.classes[&class_key];
     let mut third: Vec<(String, u8)> = touched
         .into_iter()
         .filter_map(|name| {

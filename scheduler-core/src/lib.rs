@@ -43,7 +43,8 @@ pub use place::PlaceError;
 pub use predict::ModelState;
 pub use types::{
     DeviceProfile, Feedback, GangPlacement, GangSlot, GangSpec, NodeHealth, NodeState, PodSpec,
-    Prediction, PredictionSource, RankEntry, Ranking, Rejection, Review, RunObservation, Timestamp,
+    Prediction, PredictionSource, RankEntry, Ranking, Rejection, RejectionKind, Review,
+    RunObservation, Timestamp,
 };
 
 use serde::{Deserialize, Serialize};
@@ -133,10 +134,22 @@ impl Scheduler {
         profile: &DeviceProfile,
         work_units: Option<f64>,
     ) -> Prediction {
+        self.predict_gpus(class, 1, node, profile, work_units)
+    }
+
+    /// [`Scheduler::predict`] for a pod of `gpus` devices.
+    pub fn predict_gpus(
+        &self,
+        class: &str,
+        gpus: u32,
+        node: &str,
+        profile: &DeviceProfile,
+        work_units: Option<f64>,
+    ) -> Prediction {
         let key = profile.key();
-        let class_state = self.state.classes.get(class);
-        let p = predict::predict_profile(&self.state, &self.config, class_state, profile, &key);
-        let cell = class_state.and_then(|c| c.nodes.get(node));
+        let lookup = self.state.class_for(class, gpus);
+        let p = predict::predict_profile_for(&self.state, &self.config, lookup, profile, &key);
+        let cell = lookup.own.and_then(|c| c.nodes.get(node));
         predict::predict_node(p, cell, &key, self.config.min_own_runs).to_prediction(work_units)
     }
 }

@@ -7,50 +7,13 @@
 //! profile, so [`crate::Scheduler::rank`] evaluates them once per distinct profile.
 
 use crate::config::ClassConfig;
-use crate::types::{DeviceProfile, NodeHealth, NodeState, PodSpec};
+use crate::types::{DeviceProfile, NodeHealth, NodeState, PodSpec, RejectionKind};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// Node-level checks (health and room), independent of the class.
 pub fn check_node(node: &NodeState, pod: &PodSpec) -> Result<(), String> {
-    match &node.health {
-        NodeHealth::Healthy => {}
-        NodeHealth::Unhealthy { reason } => {
-            return Err(format!("node is unhealthy: {reason}"));
-        }
-        NodeHealth::Stale { age_seconds } => {
-            return Err(format!(
-                "node is stale: no agent heartbeat for {age_seconds:.0}s; check the kudos node agent"
-            ));
-        }
-    }
-    if pod.gpus > node.free_devices {
-        return Err(format!(
-            "needs {} free device(s), node has {} free of {}",
-            pod.gpus, node.free_devices, node.profile.count
-        ));
-    }
-    let cpu_free = node
-        .cpu_allocatable_milli
-        .saturating_sub(node.cpu_requested_milli);
-    if pod.cpu_milli > cpu_free {
-        return Err(format!(
-            "needs {}m CPU, node has {}m free of {}m allocatable",
-            pod.cpu_milli, cpu_free, node.cpu_allocatable_milli
-        ));
-    }
-    let mem_free = node
-        .memory_allocatable_bytes
-        .saturating_sub(node.memory_requested_bytes);
-    if pod.memory_bytes > mem_free {
-        return Err(format!(
-            "needs {:.2} GiB memory, node has {:.2} GiB free of {:.2} GiB allocatable",
-            pod.memory_bytes as f64 / GIB,
-            mem_free as f64 / GIB,
-            node.memory_allocatable_bytes as f64 / GIB
-        ));
-    }
-    Ok(())
+    check_node_kind(node, pod).map_err(|(_, reason)| reason)
 }
 
 /// Class-level checks on a device profile.
@@ -59,6 +22,77 @@ pub fn check_profile(
     config: Option<&ClassConfig>,
     profile: &DeviceProfile,
 ) -> Result<(), String> {
+    check_profile_kind(class, config, profile).map_err(|(_, reason)| reason)
+}
+
+/// [`check_node`] with the reason's category.
+pub fn check_node_kind(node: &NodeState, pod: &PodSpec) -> Result<(), (RejectionKind, String)> {
+    match &node.health {
+        NodeHealth::Healthy => {}
+        NodeHealth::Unhealthy { reason } => {
+            return Err((
+                RejectionKind::Unhealthy,
+                format!("node is unhealthy: {reason}"),
+            ));
+        }
+        NodeHealth::Stale { age_seconds } => {
+            return Err((
+                RejectionKind::Stale,
+                format!(
+                    "node is stale: no agent heartbeat for {age_seconds:.0}s; check the kudos node agent"
+                ),
+            ));
+        }
+    }
+    if pod.gpus > node.free_devices {
+        let kind = if pod.gpus > node.profile.count {
+            RejectionKind::NoDevices
+        } else {
+            RejectionKind::NoRoom
+        };
+        return Err((
+            kind,
+            format!(
+                "needs {} free device(s), node has {} free of {}",
+                pod.gpus, node.free_devices, node.profile.count
+            ),
+        ));
+    }
+    let cpu_free = node
+        .cpu_allocatable_milli
+        .saturating_sub(node.cpu_requested_milli);
+    if pod.cpu_milli > cpu_free {
+        return Err((
+            RejectionKind::NoRoom,
+            format!(
+                "needs {}m CPU, node has {}m free of {}m allocatable",
+                pod.cpu_milli, cpu_free, node.cpu_allocatable_milli
+            ),
+        ));
+    }
+    let mem_free = node
+        .memory_allocatable_bytes
+        .saturating_sub(node.memory_requested_bytes);
+    if pod.memory_bytes > mem_free {
+        return Err((
+            RejectionKind::NoRoom,
+            format!(
+                "needs {:.2} GiB memory, node has {:.2} GiB free of {:.2} GiB allocatable",
+                pod.memory_bytes as f64 / GIB,
+                mem_free as f64 / GIB,
+                node.memory_allocatable_bytes as f64 / GIB
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// [`check_profile`] with the reason's category.
+pub fn check_profile_kind(
+    class: &str,
+    config: Option<&ClassConfig>,
+    profile: &DeviceProfile,
+) -> Result<(), (RejectionKind, String)> {
     let Some(cfg) = config else { return Ok(()) };
     let vendor_ok = cfg
         .allowed_vendors
@@ -70,17 +104,23 @@ pub fn check_profile(
         .any(|m| m.eq_ignore_ascii_case(&profile.model));
     let restricted = !cfg.allowed_vendors.is_empty() || !cfg.allowed_models.is_empty();
     if restricted && !vendor_ok && !model_ok {
-        return Err(format!(
-            "class {class} allows vendors {:?} and models {:?}; node has {} {}",
-            cfg.allowed_vendors, cfg.allowed_models, profile.vendor, profile.model
+        return Err((
+            RejectionKind::ClassForbidsDevice,
+            format!(
+                "class {class} allows vendors {:?} and models {:?}; node has {} {}",
+                cfg.allowed_vendors, cfg.allowed_models, profile.vendor, profile.model
+            ),
         ));
     }
     if profile.memory_bytes < cfg.min_device_memory_bytes {
-        return Err(format!(
-            "class {class} needs {:.1} GiB per device; node's {} has {:.1} GiB",
-            cfg.min_device_memory_bytes as f64 / GIB,
-            profile.model,
-            profile.memory_bytes as f64 / GIB
+        return Err((
+            RejectionKind::InsufficientDeviceMemory,
+            format!(
+                "class {class} needs {:.1} GiB per device; node's {} has {:.1} GiB",
+                cfg.min_device_memory_bytes as f64 / GIB,
+                profile.model,
+                profile.memory_bytes as f64 / GIB
+            ),
         ));
     }
     Ok(())

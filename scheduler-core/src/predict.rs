@@ -15,8 +15,14 @@
 //!    classes that behave alike on the profiles both ran on. A class seen on other profiles is
 //!    predicted on a new one through what every other class taught about that profile; the
 //!    residual spread of the fit is the uncertainty.
-//! 4. **Prior**: the class effect (or `default_class_seconds` for a class never seen) and the
-//!    capability table of [`crate::prior`].
+//! 4. **Prior**: the class effect and the capability table of [`crate::prior`]. A class never
+//!    seen starts at the median level of the known classes with a wide uncertainty (before any
+//!    class has run: `default_class_seconds` for the whole run, whatever work it declares).
+//!
+//! The pod's GPU count is part of the class: the model keys a class run with `g > 1` devices per
+//! pod as its own shape (`class#g`), sharing the device effects through the transfer model. A
+//! shape without runs borrows the level of the same class at the nearest GPU count, scaled by
+//! `g^-0.9` with an uncertainty that grows with the ratio of the counts.
 //!
 //! Each cell keeps a window of its newest runs and a robust location: weighted median, then a
 //! few Huber iterations with a MAD scale shrunk toward a prior scale. One straggler moves the
@@ -51,6 +57,31 @@ pub(crate) const SIMILAR_PRIOR_WEIGHT: f64 = 0.5;
 pub(crate) const SIMILAR_FULL_EVERY: u64 = 64;
 /// Log sd of the level of a class never seen.
 const UNSEEN_CLASS_LOG_SD: f64 = 1.5;
+/// Assumed exponent of the speed-up with the pod's GPU count (time ~ gpus^-s) when a class is
+/// predicted at a GPU count it has no runs at, from its runs at another count; and its log sd per
+/// unit of `|ln(g / h)|`.
+const GPU_SCALING: f64 = 0.9;
+const GPU_SCALING_SD: f64 = 0.25;
+/// Separator of the GPU count in internal class keys (label values cannot contain it).
+const GPU_SEP: char = '#';
+
+/// The model's key of a class run with `gpus` devices per pod: the class name for one GPU (and
+/// zero), `name#g` otherwise. Pods of one class at different GPU counts are different resource
+/// shapes with their own levels; the transfer model shares the device effects between them.
+pub(crate) fn class_key(class: &str, gpus: u32) -> std::borrow::Cow<'_, str> {
+    if gpus <= 1 {
+        std::borrow::Cow::Borrowed(class)
+    } else {
+        std::borrow::Cow::Owned(format!("{class}{GPU_SEP}{gpus}"))
+    }
+}
+
+fn split_key(key: &str) -> (&str, u32) {
+    match key.rsplit_once(GPU_SEP) {
+        Some((base, g)) => (base, g.parse().unwrap_or(1)),
+        None => (key, 1),
+    }
+}
 
 /// A fast deterministic hasher for node-name lookups on the ranking hot path: eight bytes per
 /// step (FxHash-style multiply-rotate) and a splitmix finaliser, so the high bits hashbrown uses
@@ -268,6 +299,80 @@ impl ModelState {
     pub(crate) fn interaction_sd(&self) -> f64 {
         self.interaction_sd.unwrap_or(PRIOR_INTERACTION_SD)
     }
+
+    /// The state of `class` at `gpus` devices per pod, or, when that shape has no level yet, the
+    /// state of the same class at the nearest GPU count that has one, with the log shift
+    /// `-GPU_SCALING * ln(gpus / h)` and its sd.
+    pub(crate) fn class_for(&self, class: &str, gpus: u32) -> ClassLookup<'_> {
+        let key = class_key(class, gpus);
+        let own = self.classes.get(key.as_ref());
+        if own.is_some_and(|c| c.effect.is_some()) {
+            return ClassLookup { own, sibling: None };
+        }
+        let g = f64::from(gpus.max(1));
+        let sibling = self
+            .classes
+            .range::<str, _>((std::ops::Bound::Included(class), std::ops::Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(class))
+            .filter(|(k, c)| c.effect.is_some() && split_key(k).0 == class)
+            .map(|(k, c)| {
+                let d = (g / f64::from(split_key(k).1.max(1))).ln();
+                (c, d)
+            })
+            .min_by(|a, b| a.1.abs().total_cmp(&b.1.abs()))
+            .map(|(c, d)| (c, -GPU_SCALING * d, GPU_SCALING_SD * d.abs()));
+        ClassLookup { own, sibling }
+    }
+
+    /// Median level over the classes that have one: the cold-start level of a new class.
+    fn median_level(&self) -> Option<(f64, f64)> {
+        let mut levels: Vec<f64> = self.classes.values().filter_map(|c| c.effect).collect();
+        if levels.is_empty() {
+            return None;
+        }
+        levels.sort_by(f64::total_cmp);
+        let n = levels.len();
+        let median = if n % 2 == 1 {
+            levels[n / 2]
+        } else {
+            (levels[n / 2 - 1] + levels[n / 2]) / 2.0
+        };
+        let mut dev: Vec<f64> = levels.iter().map(|l| (l - median).abs()).collect();
+        dev.sort_by(f64::total_cmp);
+        let spread = 1.4826 * dev[n / 2];
+        Some((median, spread))
+    }
+}
+
+/// A class as the model knows it for one pod shape (see [`ModelState::class_for`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ClassLookup<'a> {
+    /// The shape's own state (possibly without a level yet).
+    pub own: Option<&'a ClassState>,
+    /// The class at another GPU count: state, log shift, extra log sd.
+    pub sibling: Option<(&'a ClassState, f64, f64)>,
+}
+
+/// Profile-level prediction for a class looked up with [`ModelState::class_for`].
+pub(crate) fn predict_profile_for(
+    state: &ModelState,
+    config: &SchedulerConfig,
+    class: ClassLookup<'_>,
+    profile: &DeviceProfile,
+    key: &str,
+) -> LogPrediction {
+    match class.sibling {
+        Some((sib, shift, extra_sd)) => {
+            let p = predict_profile(state, config, Some(sib), profile, key);
+            LogPrediction {
+                mean: p.mean + shift,
+                sd: (p.sd * p.sd + extra_sd * extra_sd).sqrt(),
+                source: PredictionSource::Transfer,
+                whole_run: false,
+            }
+        }
+        None => predict_profile(state, config, class.own, profile, key),
+    }
 }
 
 /// A prediction in log space per work unit, before scaling.
@@ -276,12 +381,25 @@ pub(crate) struct LogPrediction {
     pub mean: f64,
     pub sd: f64,
     pub source: PredictionSource,
+    /// The mean is a whole run's time, not per work unit (a new class before any class has a
+    /// level: `default_class_seconds` says nothing about the size of a work unit).
+    pub whole_run: bool,
 }
 
 impl LogPrediction {
+    /// The log of the declared work's multiplier for this prediction.
+    pub fn ln_work(self, ln_work: f64) -> f64 {
+        if self.whole_run { 0.0 } else { ln_work }
+    }
+
     pub fn to_prediction(self, work_units: Option<f64>) -> Prediction {
+        let scale = if self.whole_run {
+            1.0
+        } else {
+            work_scale(work_units)
+        };
         Prediction {
-            seconds: self.mean.exp() * work_scale(work_units),
+            seconds: self.mean.exp() * scale,
             uncertainty_log_sd: self.sd,
             source: self.source,
         }
@@ -340,17 +458,25 @@ pub(crate) fn predict_profile(
                 mean: mu + beta + gamma,
                 sd,
                 source,
+                whole_run: false,
             }
         }
-        None => LogPrediction {
-            mean: config.default_class_seconds.ln() + beta,
-            sd: (UNSEEN_CLASS_LOG_SD.powi(2) + beta_sd * beta_sd).sqrt(),
-            source: if transferred {
-                PredictionSource::Transfer
-            } else {
-                PredictionSource::Prior
-            },
-        },
+        // Cold start: the median level of the known classes (per work unit like theirs), else
+        // the configured placeholder for a whole run. Either way a wide uncertainty, and the
+        // ranking comes from the device effects alone.
+        None => {
+            let (level, spread, whole_run) = match state.median_level() {
+                Some((m, spread)) => (m, spread, false),
+                None => (config.default_class_seconds.ln(), 0.0, true),
+            };
+            let level_sd = UNSEEN_CLASS_LOG_SD.max(spread);
+            LogPrediction {
+                mean: level + beta,
+                sd: (level_sd * level_sd + beta_sd * beta_sd).sqrt(),
+                source: PredictionSource::Prior,
+                whole_run,
+            }
+        }
     };
     match class.and_then(|c| c.cells.get(key)) {
         Some(cell) if cell.window.est.n > 0.0 => {
@@ -362,6 +488,7 @@ pub(crate) fn predict_profile(
                 source: PredictionSource::Profile {
                     runs: est.n.round() as u32,
                 },
+                whole_run: false,
             }
         }
         _ => base,
@@ -387,7 +514,12 @@ pub(crate) fn predict_node(
             } else {
                 profile_pred.source
             };
-            LogPrediction { mean, sd, source }
+            LogPrediction {
+                mean,
+                sd,
+                source,
+                whole_run: false,
+            }
         }
         _ => profile_pred,
     }

@@ -11,9 +11,9 @@ use std::fmt::Write as _;
 use std::hash::Hasher as _;
 
 use crate::config::{Exploration, SchedulerConfig};
-use crate::nodeset::{check_node, check_profile};
+use crate::nodeset::{check_node_kind, check_profile_kind};
 use crate::predict::{
-    ClassState, LogPrediction, ModelState, NameHasher, NodeCell, predict_node, predict_profile,
+    ClassState, LogPrediction, ModelState, NameHasher, NodeCell, predict_node, predict_profile_for,
     work_scale,
 };
 use crate::queue::{self, Candidate};
@@ -21,7 +21,7 @@ use crate::review::{good_probability, review, threshold};
 use crate::score::{decay, explored_log_time, good_rate, to_score};
 use crate::types::{
     DeviceProfile, NodeState, PodSpec, Prediction, PredictionSource, RankEntry, Ranking, Rejection,
-    Review,
+    RejectionKind, Review,
 };
 
 /// Per-call cache entry for one device profile.
@@ -29,7 +29,7 @@ struct ProfileInfo<'a> {
     profile: &'a DeviceProfile,
     hash: u64,
     key: String,
-    allowed: Result<(), String>,
+    allowed: Result<(), (RejectionKind, String)>,
     pred: Option<LogPrediction>,
 }
 
@@ -110,7 +110,8 @@ pub fn rank(
 ) -> Ranking {
     let class_name = pod.class.as_deref();
     let class_cfg = class_name.and_then(|c| config.classes.get(c));
-    let class_state: Option<&ClassState> = class_name.and_then(|c| state.classes.get(c));
+    let lookup = class_name.map(|c| state.class_for(c, pod.gpus));
+    let class_state: Option<&ClassState> = lookup.and_then(|l| l.own);
     let ln_work = work_scale(pod.work_units).ln();
 
     let mut cache: Vec<ProfileInfo<'_>> = Vec::new();
@@ -120,21 +121,21 @@ pub fn rank(
     let mut lcp = usize::MAX;
     let with_history = class_state.filter(|c| !c.nodes.is_empty());
     for node in nodes {
-        if let Err(reason) = check_node(node, pod) {
+        if let Err((kind, reason)) = check_node_kind(node, pod) {
             rejected.push(Rejection {
                 node: node.name.clone(),
                 reason,
+                kind,
             });
             continue;
         }
         let pi = profile_index(&mut cache, &mut last, &node.profile, |profile, hash| {
             let key = profile.key();
             let allowed = match class_name {
-                Some(c) => check_profile(c, class_cfg, profile),
+                Some(c) => check_profile_kind(c, class_cfg, profile),
                 None => Ok(()),
             };
-            let pred =
-                class_name.map(|_| predict_profile(state, config, class_state, profile, &key));
+            let pred = lookup.map(|l| predict_profile_for(state, config, l, profile, &key));
             ProfileInfo {
                 profile,
                 hash,
@@ -144,10 +145,11 @@ pub fn rank(
             }
         });
         let info = &cache[pi];
-        if let Err(reason) = &info.allowed {
+        if let Err((kind, reason)) = &info.allowed {
             rejected.push(Rejection {
                 node: node.name.clone(),
                 reason: reason.clone(),
+                kind: *kind,
             });
             continue;
         }
@@ -199,7 +201,7 @@ pub fn rank(
             queue::name_key(w.node.name.as_bytes(), lcp)
         };
         let Some(p) = w.pred else { continue };
-        let mean = p.mean + ln_work;
+        let mean = p.mean + p.ln_work(ln_work);
         w.cand.log_time = mean;
         w.point = explored_log_time(&config.exploration, mean, p.sd, seed, &w.node.name);
         fastest = fastest.min(mean);

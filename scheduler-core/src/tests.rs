@@ -226,7 +226,10 @@ fn gang_prefers_one_profile_and_reports_slowest_member() {
             ("p1", "P100", 105.0),
             ("k1", "K80", 400.0),
         ] {
-            s.observe(&run(n, m, "c", secs, t), t).expect("valid");
+            // The runs of the class at the gang's shape (two devices per pod).
+            let mut r = run(n, m, "c", secs, t);
+            r.gpus = 2;
+            s.observe(&r, t).expect("valid");
         }
     }
     let mut p = pod(Some("c"));
@@ -369,7 +372,9 @@ fn gang_mixes_profiles_only_when_much_faster() {
             ("v1", "V100", 100.0),
             ("v2", "V100", 100.0),
         ] {
-            s.observe(&run(n, m, "c", secs, t), t).expect("valid");
+            let mut r = run(n, m, "c", secs, t);
+            r.gpus = 4;
+            s.observe(&r, t).expect("valid");
         }
     }
     let mut p = pod(Some("c"));
@@ -394,4 +399,136 @@ fn gang_mixes_profiles_only_when_much_faster() {
     used.sort_unstable();
     assert_eq!(used, ["a1", "v1", "v2"]);
     assert!((g.predicted_seconds - 100.0).abs() < 5.0, "{g:?}");
+}
+
+#[test]
+fn gpu_count_is_part_of_the_prediction() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    let mut t = 0.0;
+    for _ in 0..4 {
+        t += 1000.0;
+        s.observe(&run("v1", "V100", "c", 800.0, t), t)
+            .expect("valid");
+        let mut r = run("v2", "V100", "c", 120.0, t);
+        r.gpus = 8;
+        r.profile.count = 8;
+        s.observe(&r, t).expect("valid");
+    }
+    let profile = node("v1", "V100").profile;
+    let mut v2 = node("v2", "V100");
+    v2.profile.count = 8;
+    v2.free_devices = 8;
+    let one = s.predict_gpus("c", 1, "v1", &profile, None);
+    let eight = s.predict_gpus("c", 8, "v2", &v2.profile, None);
+    assert!((one.seconds - 800.0).abs() < 40.0, "{one:?}");
+    assert!((eight.seconds - 120.0).abs() < 10.0, "{eight:?}");
+    assert_eq!(s.predict("c", "v1", &profile, None).seconds, one.seconds);
+    // A shape with no runs borrows the nearest shape's level, scaled and less certain.
+    let four = s.predict_gpus("c", 4, "v3", &profile, None);
+    assert!(four.seconds > 120.0 && four.seconds < 800.0, "{four:?}");
+    assert!(
+        four.uncertainty_log_sd > eight.uncertainty_log_sd,
+        "{four:?}"
+    );
+    assert_eq!(four.source, PredictionSource::Transfer);
+    // The ranking uses the pod's shape.
+    let mut p = pod(Some("c"));
+    p.gpus = 8;
+    let r = s.rank(&p, &[v2], t, 1);
+    let e = r
+        .best()
+        .and_then(|e| e.prediction.clone())
+        .expect("predicted");
+    assert!((e.seconds - 120.0).abs() < 10.0, "{e:?}");
+}
+
+#[test]
+fn cold_start_uses_the_median_class_level() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    let profile = node("v1", "V100").profile;
+    // Before any class: the placeholder for the whole run, declared work or not.
+    let p = s.predict("new", "v1", &profile, Some(1.0e6));
+    assert!((p.seconds - 3600.0).abs() < 1.0, "{p:?}");
+    assert_eq!(p.source, PredictionSource::Prior);
+    let mut t = 0.0;
+    for (class, per_unit) in [("a", 0.1), ("b", 0.2), ("c", 0.4)] {
+        for _ in 0..3 {
+            t += 1000.0;
+            let mut r = run("v1", "V100", class, per_unit * 1000.0, t);
+            r.work_units = Some(1000.0);
+            s.observe(&r, t).expect("valid");
+        }
+    }
+    // A new class declaring 5,000 units: the median per-unit time (0.2 s), wide, from the prior.
+    let p = s.predict("new", "v1", &profile, Some(5000.0));
+    assert!(p.seconds > 500.0 && p.seconds < 2000.0, "{p:?}");
+    assert!(p.uncertainty_log_sd >= 1.5, "{p:?}");
+    assert_eq!(p.source, PredictionSource::Prior);
+    // Rankings still follow relative speed.
+    let mut pd = pod(Some("new"));
+    pd.work_units = Some(5000.0);
+    let r = s.rank(&pd, &[node("k", "K80"), node("h", "H100")], t, 1);
+    assert_eq!(r.best().map(|e| e.node.as_str()), Some("h"));
+    let secs = r
+        .best()
+        .and_then(|e| e.prediction.clone())
+        .expect("p")
+        .seconds;
+    assert!(secs < 2000.0, "{secs}");
+}
+
+#[test]
+fn rejections_are_machine_readable() {
+    use crate::types::RejectionKind;
+    let mut cfg = SchedulerConfig::default();
+    cfg.classes.insert(
+        "llm".into(),
+        crate::config::ClassConfig {
+            allowed_vendors: vec![],
+            allowed_models: vec!["A100".into(), "V100".into()],
+            min_device_memory_bytes: 8 << 30,
+            threshold_factor: None,
+        },
+    );
+    let s = Scheduler::new(cfg);
+    let mut p = pod(Some("llm"));
+    p.gpus = 2;
+    let mut full = node("full", "A100");
+    full.free_devices = 1;
+    let mut small = node("small", "A100");
+    small.profile.count = 1;
+    small.free_devices = 1;
+    let mut sick = node("sick", "A100");
+    sick.health = NodeHealth::Unhealthy {
+        reason: "xid".into(),
+    };
+    let mut stale = node("stale", "A100");
+    stale.health = NodeHealth::Stale { age_seconds: 600.0 };
+    let mut v100 = node("v100", "V100");
+    v100.profile.memory_bytes = 4 << 30;
+    let nodes = vec![
+        full,
+        small,
+        sick,
+        stale,
+        node("t4", "T4"),
+        v100,
+        node("ok", "A100"),
+    ];
+    let r = s.rank(&p, &nodes, 0.0, 1);
+    let kind = |n: &str| r.rejected.iter().find(|x| x.node == n).map(|x| x.kind);
+    assert_eq!(kind("full"), Some(RejectionKind::NoRoom));
+    assert_eq!(kind("small"), Some(RejectionKind::NoDevices));
+    assert_eq!(kind("sick"), Some(RejectionKind::Unhealthy));
+    assert_eq!(kind("stale"), Some(RejectionKind::Stale));
+    assert_eq!(kind("t4"), Some(RejectionKind::ClassForbidsDevice));
+    assert_eq!(kind("v100"), Some(RejectionKind::InsufficientDeviceMemory));
+    assert_eq!(kind("ok"), None);
+    let permanent: Vec<&str> = r
+        .rejected
+        .iter()
+        .filter(|x| x.kind.is_permanent())
+        .map(|x| x.node.as_str())
+        .collect();
+    assert_eq!(permanent, ["small", "t4", "v100"]);
 }

@@ -144,6 +144,37 @@ pub enum Review {
     Bad,
 }
 
+/// Why a node was left out, machine-readable. [`RejectionKind::is_permanent`] separates what
+/// waiting can fix (room, health) from mismatches between the pod and the hardware, which an
+/// extender reports as `FailedAndUnresolvableNodes`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectionKind {
+    /// Too few free devices, CPU or memory right now (the node has enough in total).
+    #[default]
+    NoRoom,
+    /// The node has fewer devices in total than the pod requests (possibly none).
+    NoDevices,
+    /// The class's vendor or model lists exclude the node's devices.
+    ClassForbidsDevice,
+    /// The node's devices have less memory than the class requires.
+    InsufficientDeviceMemory,
+    /// The node is marked unhealthy.
+    Unhealthy,
+    /// The node's agent has not reported for a while.
+    Stale,
+}
+
+impl RejectionKind {
+    /// True for mismatches that no change in load or health can resolve for this pod.
+    pub fn is_permanent(self) -> bool {
+        matches!(
+            self,
+            Self::NoDevices | Self::ClassForbidsDevice | Self::InsufficientDeviceMemory
+        )
+    }
+}
+
 /// A node left out of the ranking, with the reason an operator can act on.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Rejection {
@@ -151,6 +182,9 @@ pub struct Rejection {
     pub node: String,
     /// Why it cannot run the pod.
     pub reason: String,
+    /// The reason's category, for the extender (`FailedAndUnresolvableNodes` when permanent).
+    #[serde(default)]
+    pub kind: RejectionKind,
 }
 
 /// One node in the recommended queue.
