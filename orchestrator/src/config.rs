@@ -88,6 +88,10 @@ pub struct FileConfig {
     /// minimum device memory, threshold factor), weights, priors.
     #[serde(default)]
     pub scheduler: Option<SchedulerConfig>,
+    /// Plugin image derivation, DaemonSet rollout and node monitoring (off by default); see
+    /// [`crate::rollout::config`].
+    #[serde(default)]
+    pub rollout: crate::rollout::config::RolloutFileConfig,
 }
 
 /// Listen addresses.
@@ -274,6 +278,8 @@ pub struct Settings {
     pub standalone: bool,
     /// Scheduling policy.
     pub scheduler: SchedulerConfig,
+    /// Rollout (derived images, DaemonSets, node monitoring).
+    pub rollout: crate::rollout::config::RolloutConfig,
 }
 
 fn positive_secs(field: &'static str, v: f64) -> Result<Duration, ConfigError> {
@@ -351,6 +357,11 @@ impl Settings {
                 reason: "required when auth.mode is `static` (--static-tokens-file)".into(),
             });
         }
+        let rollout = crate::rollout::config::RolloutConfig::resolve(
+            file.rollout,
+            args.rollout,
+            args.dry_run_rollout,
+        )?;
         let scheduler = file.scheduler.unwrap_or_default();
         scheduler.validate().map_err(|e| ConfigError::Invalid {
             field: "scheduler",
@@ -407,6 +418,7 @@ impl Settings {
             kubeconfig: args.kubeconfig.clone(),
             standalone: args.standalone,
             scheduler,
+            rollout,
         })
     }
 }

@@ -50,6 +50,8 @@ pub struct NodeInfo {
     pub label_profile: Option<ProfileRecord>,
     /// Allocatable devices of the unified resource; `None` when not advertised.
     pub gpu_allocatable: Option<u32>,
+    /// Capacity of the unified resource; `None` when not advertised.
+    pub gpu_capacity: Option<u32>,
     /// Allocatable CPU, millicores.
     pub cpu_allocatable_milli: u64,
     /// Allocatable memory, bytes.
@@ -119,6 +121,13 @@ pub fn node_info(node: &Node, unified: &str) -> NodeInfo {
     let gpu_allocatable = get(unified)
         .and_then(quantity::units)
         .map(|v| v.min(u64::from(u32::MAX)) as u32);
+    let gpu_capacity = node
+        .status
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| c.get(unified))
+        .and_then(|q| quantity::units(&q.0))
+        .map(|v| v.min(u64::from(u32::MAX)) as u32);
     let label_profile = match (label(LABEL_VENDOR), label(LABEL_MODEL)) {
         (Some(vendor), Some(model)) => Some(ProfileRecord {
             vendor: vendor.clone(),
@@ -150,6 +159,7 @@ pub fn node_info(node: &Node, unified: &str) -> NodeInfo {
         name,
         label_profile,
         gpu_allocatable,
+        gpu_capacity,
         cpu_allocatable_milli: get("cpu").and_then(quantity::milli).unwrap_or(0),
         memory_allocatable_bytes: get("memory").and_then(quantity::units).unwrap_or(0),
         ready,

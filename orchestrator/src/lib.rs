@@ -27,6 +27,7 @@ pub mod index;
 pub mod kobj;
 pub mod metrics;
 pub mod quantity;
+pub mod rollout;
 pub mod state;
 pub mod store;
 pub mod store_k8s;
@@ -94,6 +95,14 @@ pub struct Args {
     /// Seconds without an agent heartbeat before a node is stale [file: nodes.heartbeatMaxAgeSeconds; default 120].
     #[arg(long, env = "KUDOS_HEARTBEAT_MAX_AGE_SECONDS", value_name = "SECONDS")]
     pub heartbeat_max_age_seconds: Option<f64>,
+    /// Derive plugin images and apply one plugin DaemonSet per plugin group; needs a cluster
+    /// and rollout.baseImage/repository [file: rollout.enabled; default false].
+    #[arg(long, env = "KUDOS_ROLLOUT", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub rollout: Option<bool>,
+    /// Rollout dry run: print the plugin DaemonSet manifests to stdout on every change instead
+    /// of pushing images and applying; implies --rollout [file: rollout.dryRun; default false].
+    #[arg(long, env = "KUDOS_DRY_RUN_ROLLOUT", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub dry_run_rollout: Option<bool>,
     /// Logging.
     #[command(flatten)]
     pub log: kudos_common::LogArgs,
@@ -349,7 +358,7 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         heartbeat_max_age: s.heartbeat_max_age_seconds,
         lock: tokio::sync::Mutex::new(()),
         draining: drain_rx.clone(),
-        // Rollout (issue 8) subscribes here once wired; until then nobody listens.
+        // Rollout subscribes here (rollout::start) when enabled.
         plugin_updates: tokio_watch::Sender::new(
             index
                 .read()
@@ -357,6 +366,17 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
                 .unwrap_or_default(),
         ),
     });
+    let mut rx = drain_rx.clone();
+    rollout::start(
+        &s.rollout,
+        client.clone(),
+        ingest.clone(),
+        &metrics,
+        s.heartbeat_max_age_seconds,
+        async move {
+            let _ = rx.wait_for(|d| *d).await;
+        },
+    )?;
     let grpc_listener = tokio::net::TcpListener::bind(s.grpc_listen)
         .await
         .with_context(|| format!("binding gRPC {}", s.grpc_listen))?;

@@ -40,6 +40,11 @@ pub struct Metrics {
     pub plugin_generation: Gauge,
     /// Nodes in the index (from the Node watch).
     pub nodes: Gauge,
+    /// Rollout: image pushes, DaemonSet applies/deletes, failed passes
+    /// (`kudos_orchestrator_rollout_*`).
+    pub rollout: kudos_rollout::RolloutMetrics,
+    /// Node monitoring gauges per configured node (`kudos_orchestrator_node_*`).
+    pub monitor: kudos_rollout::MonitorMetrics,
 }
 
 impl Default for Metrics {
@@ -94,6 +99,10 @@ impl Metrics {
         );
         let nodes = Gauge::default();
         registry.register("index_nodes", "Nodes in the index", nodes.clone());
+        let rollout = kudos_rollout::RolloutMetrics::default();
+        rollout.register(registry.sub_registry_with_prefix("rollout"));
+        let monitor = kudos_rollout::MonitorMetrics::default();
+        monitor.register(registry.sub_registry_with_prefix("node"));
         Self {
             registry,
             extender_duration,
@@ -103,6 +112,8 @@ impl Metrics {
             store_append_duration,
             plugin_generation,
             nodes,
+            rollout,
+            monitor,
         }
     }
 

@@ -51,7 +51,8 @@ pub struct Explained {
     pub ranking: Ranking,
     /// The gang reservation in force, if the pod belongs to a gang.
     pub gang_reservation: Option<Reservation>,
-    /// Nodes Kudos could not rank (no known accelerators), with reasons.
+    /// Nodes Kudos could not rank (no known accelerators, or excluded by node monitoring),
+    /// with reasons; the filter answers them in `FailedAndUnresolvableNodes`.
     pub unknown_nodes: Vec<(String, String)>,
 }
 
@@ -233,12 +234,26 @@ impl Extender {
             .assumed_by_node(|uid| index.knows_bound_pod(uid), now);
         // scheduler-core expects unique names; kube-scheduler never repeats one, a client might.
         let mut seen = FastSet::default();
-        let (states, unknown) = index.node_states(
-            names.iter().map(String::as_str).filter(|n| seen.insert(*n)),
+        // Nodes node monitoring excludes (rollout enabled) are not ranked; they are reported
+        // with the monitor's reason, computed per monitoring pass, not per request.
+        let mut excluded = Vec::new();
+        let (states, mut unknown) = index.node_states(
+            names
+                .iter()
+                .map(String::as_str)
+                .filter(|n| seen.insert(*n))
+                .filter(|n| match index.exclusion(n) {
+                    Some(reason) => {
+                        excluded.push(((*n).to_owned(), reason.to_owned()));
+                        false
+                    }
+                    None => true,
+                }),
             &from_request,
             &assumed,
             now,
         );
+        unknown.append(&mut excluded);
         let ranking = index.scheduler().rank(&spec, &states, now, seed);
         let (mut gang_open, mut gang_error, mut reservation) = (None, None, None);
         if let Some(key) = &gang_key {

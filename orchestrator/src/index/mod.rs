@@ -71,6 +71,34 @@ pub struct Index {
     /// Bumped by every write that can change a ranking (heartbeats excepted: they only
     /// matter through staleness, which is judged at call time).
     generation: u64,
+    /// The latest node-monitoring pass (rollout enabled only), see [`crate::rollout`].
+    monitor: Option<MonitorView>,
+    /// Node → why node monitoring excludes it from ranking; the extender's filter reads this.
+    excluded: FastMap<String, String>,
+}
+
+/// The latest node-monitoring pass, as `GET /state` shows it.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MonitorView {
+    /// Unix seconds of the pass.
+    pub computed_at: f64,
+    /// Where the DaemonSet rollout state comes from (`daemonSetWatch`, or `unknown` when the
+    /// DaemonSets are not watched, e.g. in a dry run).
+    pub rollout_source: &'static str,
+    /// One entry per configured node, sorted by node name.
+    pub nodes: Vec<kudos_rollout::NodeMonitor>,
+}
+
+/// What node monitoring reads from the index (see [`kudos_rollout::MonitorInputs`]).
+#[derive(Clone, Debug, Default)]
+pub struct MonitorObservations {
+    /// Node → capacity/allocatable of the unified resource and readiness (Node watch).
+    pub nodes: BTreeMap<String, kudos_rollout::NodeObservation>,
+    /// Node → healthy/total devices of the plugins' latest reports, over vendors.
+    pub plugin_health: BTreeMap<String, kudos_rollout::PluginHealth>,
+    /// Node → the agent's latest heartbeat.
+    pub heartbeats: BTreeMap<String, std::time::SystemTime>,
 }
 
 /// Why a node could not be turned into a `NodeState`.
@@ -97,6 +125,8 @@ impl Index {
             nodes_synced: !cluster,
             pods_synced: !cluster,
             generation: 0,
+            monitor: None,
+            excluded: FastMap::default(),
         }
     }
 
@@ -236,7 +266,74 @@ impl Index {
         Ok(Some(fb))
     }
 
+    /// Stores a node-monitoring pass. The ranking generation moves only when the set of
+    /// excluded nodes or their reasons change.
+    pub fn set_monitor(&mut self, view: MonitorView) {
+        let excluded: FastMap<String, String> = view
+            .nodes
+            .iter()
+            .filter(|m| m.exclude_from_ranking)
+            .map(|m| (m.node.clone(), exclusion_reason(m)))
+            .collect();
+        if excluded != self.excluded {
+            self.generation += 1;
+            self.excluded = excluded;
+        }
+        self.monitor = Some(view);
+    }
+
     // === readers ===
+
+    /// Why node monitoring excludes `node` from ranking, if it does.
+    pub fn exclusion(&self, node: &str) -> Option<&str> {
+        if self.excluded.is_empty() {
+            return None;
+        }
+        self.excluded.get(node).map(String::as_str)
+    }
+
+    /// The latest node-monitoring pass.
+    pub fn monitor(&self) -> Option<&MonitorView> {
+        self.monitor.as_ref()
+    }
+
+    /// What node monitoring needs from the index.
+    pub fn monitor_observations(&self) -> MonitorObservations {
+        let epoch = std::time::UNIX_EPOCH;
+        MonitorObservations {
+            nodes: self
+                .nodes
+                .values()
+                .map(|n| {
+                    let obs = kudos_rollout::NodeObservation {
+                        capacity: n.gpu_capacity.map(u64::from),
+                        allocatable: n.gpu_allocatable.map(u64::from),
+                        ready: Some(n.ready.is_ok()),
+                    };
+                    (n.name.clone(), obs)
+                })
+                .collect(),
+            plugin_health: self
+                .device_health
+                .iter()
+                .map(|(node, m)| {
+                    let (healthy, total) = m.values().fold((0u64, 0u64), |(a, b), (h, t)| {
+                        (a + u64::from(*h), b + u64::from(*t))
+                    });
+                    (node.clone(), kudos_rollout::PluginHealth { healthy, total })
+                })
+                .collect(),
+            heartbeats: self
+                .heartbeats
+                .iter()
+                .filter(|(_, hb)| hb.at.is_finite() && hb.at >= 0.0)
+                .map(|(node, hb)| {
+                    let at = epoch + std::time::Duration::from_secs_f64(hb.at.min(1e12));
+                    (node.clone(), at)
+                })
+                .collect(),
+        }
+    }
 
     /// The scheduler (for `rank` / `place_gang` under a read lock).
     pub fn scheduler(&self) -> &Scheduler {
@@ -387,8 +484,29 @@ impl Index {
                 state: self.scheduler.state().clone(),
             },
             ready: self.ready(),
+            node_monitor: self.monitor.clone(),
         }
     }
+}
+
+/// The monitor's reasons as one line for the extender's `FailedAndUnresolvableNodes`.
+fn exclusion_reason(m: &kudos_rollout::NodeMonitor) -> String {
+    let reasons: Vec<&str> = m
+        .reasons
+        .iter()
+        .map(|r| match r {
+            kudos_rollout::ExclusionReason::NodeNotFound => "nodeNotFound (no Node object)",
+            kudos_rollout::ExclusionReason::NodeNotReady => "nodeNotReady",
+            kudos_rollout::ExclusionReason::NoHeartbeat => {
+                "noHeartbeat (no node-agent heartbeat yet)"
+            }
+            kudos_rollout::ExclusionReason::HeartbeatStale => "heartbeatStale",
+            kudos_rollout::ExclusionReason::NoAllocatable => {
+                "noAllocatable (configured devices but none of the unified resource allocatable)"
+            }
+        })
+        .collect();
+    format!("excluded by Kudos node monitoring: {}", reasons.join(", "))
 }
 
 fn pod_key(pod: &PodFacts) -> String {
@@ -436,6 +554,8 @@ pub struct StateView {
     pub model: ModelSummary,
     /// `/readyz` value.
     pub ready: bool,
+    /// The latest node-monitoring pass per configured node (`null` while rollout is off).
+    pub node_monitor: Option<MonitorView>,
 }
 
 /// The model part of `GET /state`.
