@@ -49,6 +49,16 @@ pub struct Candidate<'a> {
     pub default_score: f64,
 }
 
+/// `x as f64` through a signed conversion (one instruction on x86-64; the unsigned one is a
+/// branchy sequence), identical for every value below 2^63.
+#[inline]
+fn to_f64(x: u64) -> f64 {
+    match i64::try_from(x) {
+        Ok(v) => v as f64,
+        Err(_) => x as f64,
+    }
+}
+
 fn least_requested(requested: u64, allocatable: u64) -> u64 {
     if requested > allocatable {
         return 0;
@@ -58,7 +68,8 @@ fn least_requested(requested: u64, allocatable: u64) -> u64 {
         // Exact: both operands are exact in f64 and a non-integer quotient is at least
         // 1/allocatable away from an integer, far more than the division's rounding error.
         // (A 64-bit integer division costs several times as much on the hot path.)
-        (free as f64 * MAX_NODE_SCORE as f64 / allocatable as f64) as u64
+        // The quotient is in 0..=100: a signed truncation is the same as the unsigned one.
+        (to_f64(free) * MAX_NODE_SCORE as f64 / to_f64(allocatable)) as i64 as u64
     } else {
         ((u128::from(free) * u128::from(MAX_NODE_SCORE)) / u128::from(allocatable)) as u64
     }
@@ -116,7 +127,7 @@ fn gpu_request(node: &NodeState, pod: &PodSpec) -> (u64, u64) {
 /// The spread of a node's resource fractions before the final square root (or the standard
 /// deviation itself when no root is needed), so a caller can defer the root off a latency chain.
 fn balanced_spread(node: &NodeState, pod: &PodSpec) -> (f64, bool) {
-    let fraction = |req: u64, alloc: u64| (req as f64 / alloc as f64).min(1.0);
+    let fraction = |req: u64, alloc: u64| (to_f64(req) / to_f64(alloc)).min(1.0);
     let mut f = [0f64; 3];
     let mut n = 0;
     if node.cpu_allocatable_milli > 0 {

@@ -263,7 +263,13 @@ pub fn rank(
     }
 
     // Step 5: queues and merge, in one sort (see `queue::recommended`).
-    let merged = queue::recommended_by(&work, |w| (&w.cand, w.name_key), &config.merge_weights);
+    let generic = || queue::recommended_by(&work, |w| (&w.cand, w.name_key), &config.merge_weights);
+    let merged = recommended(&work, &config.merge_weights).unwrap_or_else(generic);
+    // Debug builds (every test) check the packed sort against the generic one.
+    debug_assert_eq!(
+        merged.iter().map(|m| (m.2, m.3)).collect::<Vec<_>>(),
+        generic().iter().map(|m| (m.2, m.3)).collect::<Vec<_>>()
+    );
     let entries = merged
         .iter()
         .enumerate()
@@ -299,6 +305,91 @@ pub fn rank(
         entries,
         rejected,
     }
+}
+
+/// Kudos scores (0..=10) times default scores (integers 0..=200): the merged score is a function
+/// of the pair.
+const PAIRS: usize = 11 * 201;
+
+/// [`queue::recommended_by`] with one `u128` key per node: the merged score is a function of
+/// (kudos score, default score), both small integers, so it is replaced by its rank among the
+/// pairs present (12 bits), which leaves room for the tie key (the first queue's key without the
+/// name's last byte, or the second queue's key). Equal keys fall back to full names as there.
+/// `None` when a default score is not an integer in 0..=200 (never, from `DefaultParts`).
+fn recommended(
+    work: &[Work<'_>],
+    w: &crate::config::MergeWeights,
+) -> Option<Vec<queue::MergedKey>> {
+    let pair = |x: &Candidate<'_>| -> Option<usize> {
+        let d = x.default_score;
+        let ok = (0.0..=200.0).contains(&d) && d.fract() == 0.0 && x.score <= 10;
+        ok.then(|| usize::from(x.score) * 201 + d as usize)
+    };
+    let mut rank_of = vec![u32::MAX; PAIRS];
+    for x in work {
+        rank_of[pair(&x.cand)?] = 0;
+    }
+    let mut present: Vec<(u64, u32)> = rank_of
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| **r == 0)
+        .map(|(p, _)| {
+            let c = Candidate {
+                name: "",
+                score: (p / 201) as u8,
+                rate: 0.0,
+                log_time: 0.0,
+                default_score: (p % 201) as f64,
+            };
+            (!queue::ordered(queue::merged_score(&c, w)), p as u32)
+        })
+        .collect();
+    present.sort_unstable();
+    let mut rank = 0u32;
+    for (k, run) in present.chunk_by(|a, b| a.0 == b.0).enumerate() {
+        rank = k as u32;
+        for &(_, p) in run {
+            rank_of[p as usize] = rank;
+        }
+    }
+    debug_assert!(rank < 1 << 12);
+    let by_kudos = w.kudos > 0.0;
+    let mut keys: Vec<(u128, u32)> = work
+        .iter()
+        .enumerate()
+        .map(|(i, x)| {
+            let c = &x.cand;
+            let r = u128::from(rank_of[usize::from(c.score) * 201 + c.default_score as usize]);
+            let tie = if by_kudos {
+                // Score (4 bits used of 8) | rate 24 | time 32 | name's first 7 bytes.
+                queue::first_key(c, x.name_key) >> 8
+            } else {
+                // Default score descending (8 bits) | name.
+                (u128::from(200 - c.default_score as u64) << 64) | u128::from(x.name_key)
+            };
+            ((r << 116) | tie, i as u32)
+        })
+        .collect();
+    keys.sort_unstable_by_key(|k| k.0);
+    for run in keys.chunk_by_mut(|a, b| a.0 == b.0) {
+        if run.len() > 1 {
+            run.sort_by(|a, b| {
+                work[a.1 as usize]
+                    .node
+                    .name
+                    .cmp(&work[b.1 as usize].node.name)
+                    .then(a.1.cmp(&b.1))
+            });
+        }
+    }
+    Some(
+        keys.into_iter()
+            .map(|(_, i)| {
+                let m = queue::merged_score(&work[i as usize].cand, w);
+                (0, 0, i, m)
+            })
+            .collect(),
+    )
 }
 
 fn source_label(s: &PredictionSource) -> String {
