@@ -17,6 +17,10 @@
 //!
 //! Start with [`Scheduler::rank`] and [`Scheduler::observe`].
 //!
+//! Rejected nodes carry a [`RejectionKind`] ([`RejectionKind::is_permanent`] marks the
+//! mismatches an extender reports as unresolvable); predictions take the pod's GPU count into
+//! account ([`Scheduler::predict_gpus`]; see [`predict`]).
+//!
 //! Beyond the shared contract the crate offers [`Scheduler::try_new`] (validate, then build),
 //! read-only summaries of [`ModelState`] (`classes`, `runs`, `node_runs`) and the building blocks
 //! as public modules ([`queue`] reproduces kube-scheduler's default scoring, [`prior`] holds the

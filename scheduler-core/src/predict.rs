@@ -278,7 +278,8 @@ pub struct ModelState {
 }
 
 impl ModelState {
-    /// Classes with at least one run.
+    /// Classes with at least one run; a class's runs with `g > 1` GPUs per pod are listed as
+    /// its own shape `class#g`.
     pub fn classes(&self) -> impl Iterator<Item = &str> {
         self.classes.keys().map(String::as_str)
     }
@@ -288,7 +289,8 @@ impl ModelState {
         self.runs
     }
 
-    /// Runs (effective weight, rounded down) of a class on a node.
+    /// Runs (effective weight, rounded down) of a class on a node (one-GPU pods; pass `class#g`
+    /// for pods of `g` GPUs).
     pub fn node_runs(&self, class: &str, node: &str) -> u32 {
         self.classes
             .get(class)

@@ -234,6 +234,8 @@ fn kudos_approaches_the_oracle_jct() {
     let mut ucb = f64::MAX;
     for e in [
         Exploration::default(),
+        Exploration::Ucb { c: 2.0 },
+        Exploration::Ucb { c: 3.0 },
         Exploration::Thompson,
         Exploration::None,
     ] {

@@ -169,8 +169,10 @@ fn mape_falls_with_runs_per_class_and_type() {
     println!("{:>10} {:>10}", "runs/pair", "MAPE %");
     for (k, m) in &table {
         if *k == 0 {
-            // No run of the class anywhere: only `default_class_seconds` and the capability table,
-            // so the absolute level is a placeholder (the ranking still orders devices sensibly).
+            // No run of any class yet: only `default_class_seconds` (a whole-run placeholder) and
+            // the capability table, so the absolute level is a placeholder (the ranking still
+            // orders devices sensibly). Once any class has runs, a new class starts at their
+            // median level instead.
             println!("{k:>10} {m:>10.0}  (level unknown: default_class_seconds placeholder)");
         } else {
             println!("{k:>10} {m:>10.1}");
