@@ -194,14 +194,26 @@ impl NodeMonitoring {
     }
 }
 
+/// The rollout view of a configuration. A configuration nothing was ever reported to has no
+/// unified name yet; it gets the orchestrator's, so an empty configuration is valid (and
+/// rollout prunes nothing but what it owns).
+pub fn to_view(cfg: &PluginConfig, unified: &str) -> Result<PluginConfigView, serde_json::Error> {
+    let mut v = PluginConfigView::from_config(cfg)?;
+    if v.unified_resource_name.is_empty() {
+        v.unified_resource_name = unified.to_owned();
+    }
+    Ok(v)
+}
+
 /// Converts the published configuration into rollout views, for as long as both ends live.
 async fn bridge(
     mut configs: watch::Receiver<PluginConfig>,
     views: watch::Sender<Arc<PluginConfigView>>,
+    unified: String,
 ) {
     loop {
         let cfg = configs.borrow_and_update().clone();
-        match PluginConfigView::from_config(&cfg) {
+        match to_view(&cfg, &unified) {
             Ok(v) => {
                 views.send_replace(Arc::new(v));
             }
@@ -275,12 +287,16 @@ pub fn start(
             "rollout is enabled but there is no cluster (standalone); use --dry-run-rollout to print manifests without one"
         );
     }
-    let initial = PluginConfigView::from_config(&*ingest.plugin_updates.borrow())
+    let initial = to_view(&ingest.plugin_updates.borrow(), &ingest.unified)
         .context("converting the plugin configuration for rollout")?;
     let (views_tx, views_rx) = watch::channel(Arc::new(initial));
     tokio::spawn(
-        bridge(ingest.plugin_updates.subscribe(), views_tx)
-            .instrument(tracing::info_span!("rollout_bridge")),
+        bridge(
+            ingest.plugin_updates.subscribe(),
+            views_tx,
+            ingest.unified.clone(),
+        )
+        .instrument(tracing::info_span!("rollout_bridge")),
     );
 
     let recorder = Arc::new(ConfigRecorder::new(ingest.clone()));
