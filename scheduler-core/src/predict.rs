@@ -111,13 +111,27 @@ impl Hasher for NameHasher {
             self.mix(u64::from_le_bytes(b));
         }
         let rest = chunks.remainder();
-        if !rest.is_empty() {
-            // Byte by byte: a memcpy then a wide load would stall store forwarding.
-            let v = rest
-                .iter()
-                .rev()
-                .fold(0u64, |v, &b| (v << 8) | u64::from(b));
-            self.mix(v ^ ((rest.len() as u64) << 59));
+        let r = rest.len();
+        if r > 0 {
+            // The remainder's bytes, little-endian, read with overlapping wide loads from the
+            // slice itself (a memcpy into a buffer then a wide load would stall store forwarding).
+            let v = if bytes.len() >= 8 {
+                let mut a = [0u8; 8];
+                a.copy_from_slice(&bytes[bytes.len() - 8..]);
+                u64::from_le_bytes(a) >> ((8 - r) * 8)
+            } else if r >= 4 {
+                let mut lo = [0u8; 4];
+                let mut hi = [0u8; 4];
+                lo.copy_from_slice(&rest[..4]);
+                hi.copy_from_slice(&rest[r - 4..]);
+                u64::from(u32::from_le_bytes(lo))
+                    | (u64::from(u32::from_le_bytes(hi)) << ((r - 4) * 8))
+            } else {
+                rest.iter()
+                    .rev()
+                    .fold(0u64, |v, &b| (v << 8) | u64::from(b))
+            };
+            self.mix(v ^ ((r as u64) << 59));
         }
     }
 
@@ -550,6 +564,32 @@ mod tests {
         assert_eq!(e.mean, 2.5);
         assert_eq!(e.n, 1.0);
         assert!(e.scale > 0.0);
+    }
+
+    #[test]
+    fn name_hash_reads_remainders_like_bytewise() {
+        let bytewise = |bytes: &[u8]| {
+            let mut h = NameHasher::default();
+            let mut chunks = bytes.chunks_exact(8);
+            for c in &mut chunks {
+                h.mix(u64::from_le_bytes(c.try_into().expect("8 bytes")));
+            }
+            let rest = chunks.remainder();
+            if !rest.is_empty() {
+                let v = rest
+                    .iter()
+                    .rev()
+                    .fold(0u64, |v, &b| (v << 8) | u64::from(b));
+                h.mix(v ^ ((rest.len() as u64) << 59));
+            }
+            h.finish()
+        };
+        let s = b"gpu-node-00042-abcdefghijklmnop";
+        for end in 0..s.len() {
+            let mut h = NameHasher::default();
+            h.write(&s[..end]);
+            assert_eq!(h.finish(), bytewise(&s[..end]), "{end}");
+        }
     }
 
     #[test]

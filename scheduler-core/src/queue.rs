@@ -195,7 +195,28 @@ pub fn default_score(node: &NodeState, pod: &PodSpec) -> f64 {
 
 /// Length of the common prefix of two byte strings.
 pub fn common_prefix(a: &[u8], b: &[u8]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    // Eight bytes at a time: the first differing byte is the lowest set byte of the XOR.
+    let mut i = 0;
+    for (x, y) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        let (x, y) = (le_u64(x), le_u64(y));
+        if x != y {
+            return i + ((x ^ y).trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    i + a[i..]
+        .iter()
+        .zip(&b[i..])
+        .take_while(|(x, y)| x == y)
+        .count()
+}
+
+fn le_u64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(b);
+    u64::from_le_bytes(a)
 }
 
 /// The sort key of one name: the (up to) 8 bytes after `lcp`, big-endian and zero-padded.
@@ -362,6 +383,25 @@ pub fn merge(c: &[Candidate<'_>], tie_queue: &[u32], w: &MergeWeights) -> Vec<(u
 mod tests {
     use super::*;
     use crate::types::{DeviceProfile, NodeHealth};
+
+    #[test]
+    fn common_prefix_matches_bytewise() {
+        let names: [&[u8]; 7] = [
+            b"",
+            b"g",
+            b"gpu-node-0001",
+            b"gpu-node-0002",
+            b"gpu-node-00010000",
+            b"gpu-node-00010001x",
+            b"gpx",
+        ];
+        for a in names {
+            for b in names {
+                let slow = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+                assert_eq!(common_prefix(a, b), slow, "{a:?} {b:?}");
+            }
+        }
+    }
 
     fn node(cpu_req: u64, mem_req: u64, free: u32) -> NodeState {
         NodeState {

@@ -161,7 +161,8 @@ pub fn rank(
             .map(|p| predict_node(p, own, &info.key, config.min_own_runs));
         let name = node.name.as_bytes();
         let first = work.first().map_or(name, |w| w.node.name.as_bytes());
-        lcp = lcp.min(queue::common_prefix(first, name));
+        // Only the current common prefix can still shrink.
+        lcp = queue::common_prefix(&first[..lcp.min(first.len())], name);
         let mut head = [0u8; HEAD];
         let n = name.len().min(HEAD);
         head[..n].copy_from_slice(&name[..n]);
