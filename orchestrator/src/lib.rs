@@ -9,6 +9,9 @@
 //!   the model; written only by the watches ([`watch`]) and ingestion, read by every server.
 //! - **State** ([`store`]): plugin configuration, accepted runs and model snapshots in an
 //!   embedded redb file (default) or a ConfigMap ([`store_k8s`]).
+//! - **Rollout** ([`rollout`], off by default): derived plugin images recorded in the plugin
+//!   configuration, one plugin DaemonSet per plugin group, node monitoring for `/state`,
+//!   `/metrics` and the filter.
 //!
 //! Without a kubeconfig and outside a cluster (or with `--standalone`) it runs alone: extender,
 //! gRPC and store work; nodes are learned from extender requests (`Nodes` form) and plugin

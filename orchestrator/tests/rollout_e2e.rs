@@ -394,6 +394,7 @@ async fn plugin_report_leads_to_derived_image_and_applied_daemonset() {
     .await
     .unwrap_or_else(|| panic!("no second apply:\n{}", tail(&log)));
     assert_eq!(metric(&text, pushes), Some(1.0), "{text}");
+    promtool_check(&text);
     let again = dss.get("kudos-device-plugin-nvidia").await.unwrap();
     assert_eq!(
         again.metadata.resource_version, ds.metadata.resource_version,
@@ -458,4 +459,33 @@ async fn standalone_dry_run_prints_the_plan_to_stdout() {
     let _ = child.kill();
     let _ = child.wait();
     assert!(found, "no dry-run plan on stdout");
+}
+
+/// `promtool check metrics` over populated rollout and node-monitoring metrics.
+fn promtool_check(text: &str) {
+    let promtool = Path::new("/usr/bin/promtool");
+    if !promtool.exists() {
+        eprintln!("note: /usr/bin/promtool absent, skipping `promtool check metrics`");
+        return;
+    }
+    let mut child = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
