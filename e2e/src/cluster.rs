@@ -63,7 +63,10 @@ impl ExtenderOptions {
             .and_then(|t| serde_yaml::from_str::<serde_yaml::Value>(&t).ok())
             .and_then(|v| v.get("extenders").and_then(|x| x.get(0)).cloned())
         else {
-            eprintln!("e2e: {} unreadable; using built-in extender defaults", path.display());
+            eprintln!(
+                "e2e: {} unreadable; using built-in extender defaults",
+                path.display()
+            );
             return o;
         };
         let verb = |k: &str| e.get(k).and_then(|v| v.as_str()).map(str::to_string);
@@ -73,15 +76,23 @@ impl ExtenderOptions {
         if let Some(w) = e.get("weight").and_then(|v| v.as_i64()) {
             o.weight = w;
         }
-        o.ignorable = e.get("ignorable").and_then(|v| v.as_bool()).unwrap_or(false);
-        if let Some(t) = verb("httpTimeout").and_then(|t| t.strip_suffix('s').and_then(|x| x.parse::<f64>().ok())) {
+        o.ignorable = e
+            .get("ignorable")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
+        if let Some(t) = verb("httpTimeout")
+            .and_then(|t| t.strip_suffix('s').and_then(|x| x.parse::<f64>().ok()))
+        {
             o.timeout = Duration::from_secs_f64(t);
         }
         if let Some(m) = e.get("managedResources").and_then(|m| m.get(0)) {
             if let Some(n) = m.get("name").and_then(|v| v.as_str()) {
                 o.managed_resource = n.to_string();
             }
-            o.ignored_by_scheduler = m.get("ignoredByScheduler").and_then(|v| v.as_bool()).unwrap_or(false);
+            o.ignored_by_scheduler = m
+                .get("ignoredByScheduler")
+                .and_then(|v| v.as_bool())
+                .unwrap_or(false);
         }
         o
     }
@@ -116,12 +127,19 @@ pub struct ControlPlane {
 
 impl std::fmt::Debug for ControlPlane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ControlPlane").field("server", &self.server).field("dir", &self.dir).finish()
+        f.debug_struct("ControlPlane")
+            .field("server", &self.server)
+            .field("dir", &self.dir)
+            .finish()
     }
 }
 
 fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
-    let out = Command::new("openssl").args(args).current_dir(dir).output().context("run openssl")?;
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .context("run openssl")?;
     if !out.status.success() {
         bail!("openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
@@ -131,14 +149,64 @@ fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
 /// CA, a serving certificate for 127.0.0.1/localhost, and a service-account key pair.
 fn make_certs(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir)?;
-    openssl(dir, &["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=kudos-e2e-ca"])?;
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=kudos-e2e-ca",
+        ],
+    )?;
     std::fs::write(
         dir.join("san.cnf"),
         "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,IP:10.0.0.1\n\
          extendedKeyUsage=serverAuth,clientAuth\n",
     )?;
-    openssl(dir, &["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=kube-apiserver"])?;
-    openssl(dir, &["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.crt", "-days", "2", "-extfile", "san.cnf"])?;
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=kube-apiserver",
+        ],
+    )?;
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "san.cnf",
+        ],
+    )?;
     openssl(dir, &["genrsa", "-out", "sa.key", "2048"])?;
     openssl(dir, &["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"])?;
     Ok(())
@@ -217,7 +285,10 @@ impl ControlPlane {
 
         // kube-apiserver
         let port = free_port();
-        std::fs::write(dir.join("tokens.csv"), format!("{ADMIN_TOKEN},kudos-e2e-admin,1,\"system:masters\"\n"))?;
+        std::fs::write(
+            dir.join("tokens.csv"),
+            format!("{ADMIN_TOKEN},kudos-e2e-admin,1,\"system:masters\"\n"),
+        )?;
         let mut api = Command::new(upstream_bin("kube-apiserver"));
         let c = |f: &str| certs.join(f).display().to_string();
         api.args([
@@ -245,7 +316,8 @@ impl ControlPlane {
         ]);
         api.args(&opts.apiserver_args);
         // An apiserver whose etcd died can hang on SIGTERM: bounded stop, then SIGKILL.
-        let apiserver = Proc::spawn("kube-apiserver", api, &dir.join("kube-apiserver.log"))?.with_stop_timeout(Duration::from_secs(5));
+        let apiserver = Proc::spawn("kube-apiserver", api, &dir.join("kube-apiserver.log"))?
+            .with_stop_timeout(Duration::from_secs(5));
         procs.push(apiserver);
         let server = format!("https://127.0.0.1:{port}");
         let kubeconfig = dir.join("kubeconfig");
@@ -254,14 +326,30 @@ impl ControlPlane {
         let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
         let client = Client::try_from(config)?;
 
-        let mut cp = Self { procs, server, kubeconfig, client, dir: dir.clone() };
-        let ready = wait_for("kube-apiserver /readyz", Duration::from_secs(90), Duration::from_millis(250), || {
-            let client = cp.client.clone();
-            async move {
-                let req = http_get("/readyz");
-                client.request_text(req).await.ok().filter(|t| t.trim() == "ok").map(|_| ())
-            }
-        })
+        let mut cp = Self {
+            procs,
+            server,
+            kubeconfig,
+            client,
+            dir: dir.clone(),
+        };
+        let ready = wait_for(
+            "kube-apiserver /readyz",
+            Duration::from_secs(90),
+            Duration::from_millis(250),
+            || {
+                let client = cp.client.clone();
+                async move {
+                    let req = http_get("/readyz");
+                    client
+                        .request_text(req)
+                        .await
+                        .ok()
+                        .filter(|t| t.trim() == "ok")
+                        .map(|_| ())
+                }
+            },
+        )
         .await;
         if let Err(e) = ready {
             for p in &mut cp.procs {
@@ -269,7 +357,10 @@ impl ControlPlane {
                     eprintln!("{e:#}");
                 }
             }
-            bail!("{e}; apiserver log tail:\n{}", tail(&dir.join("kube-apiserver.log"), 30));
+            bail!(
+                "{e}; apiserver log tail:\n{}",
+                tail(&dir.join("kube-apiserver.log"), 30)
+            );
         }
         cp.ensure_default_service_account().await?;
 
@@ -282,10 +373,15 @@ impl ControlPlane {
     async fn ensure_default_service_account(&self) -> Result<()> {
         // No kube-controller-manager: the ServiceAccount controller never creates `default`.
         let ns: Api<Namespace> = Api::all(self.client.clone());
-        wait_for("namespace default", Duration::from_secs(30), Duration::from_millis(200), || {
-            let ns = ns.clone();
-            async move { ns.get_opt("default").await.ok().flatten().map(|_| ()) }
-        })
+        wait_for(
+            "namespace default",
+            Duration::from_secs(30),
+            Duration::from_millis(200),
+            || {
+                let ns = ns.clone();
+                async move { ns.get_opt("default").await.ok().flatten().map(|_| ()) }
+            },
+        )
         .await?;
         let sa: Api<ServiceAccount> = Api::namespaced(self.client.clone(), "default");
         let mut obj = ServiceAccount::default();
@@ -321,13 +417,19 @@ impl ControlPlane {
         if let Some(i) = self.procs.iter().position(|p| p.name() == "kube-scheduler") {
             let mut p = self.procs.remove(i);
             p.stop();
-            let _ = std::fs::rename(self.dir.join("kube-scheduler.log"), self.dir.join(format!("kube-scheduler-{}.log", p.pid())));
+            let _ = std::fs::rename(
+                self.dir.join("kube-scheduler.log"),
+                self.dir.join(format!("kube-scheduler-{}.log", p.pid())),
+            );
         }
     }
 
     /// `(name, pid)` of every running control-plane process.
     pub fn pids(&self) -> Vec<(String, u32)> {
-        self.procs.iter().map(|p| (p.name().to_string(), p.pid())).collect()
+        self.procs
+            .iter()
+            .map(|p| (p.name().to_string(), p.pid()))
+            .collect()
     }
 
     /// Fails with a log tail when any control-plane process has exited.
@@ -353,5 +455,7 @@ impl Drop for ControlPlane {
 }
 
 fn http_get(path: &str) -> ::http::Request<Vec<u8>> {
-    ::http::Request::get(path).body(Vec::new()).expect("valid request")
+    ::http::Request::get(path)
+        .body(Vec::new())
+        .expect("valid request")
 }

@@ -19,14 +19,23 @@ impl Response {
     /// Body as JSON; fails on a non-2xx status.
     pub fn json(&self) -> Result<serde_json::Value> {
         if !(200..300).contains(&self.status) {
-            bail!("HTTP {}: {}", self.status, String::from_utf8_lossy(&self.body));
+            bail!(
+                "HTTP {}: {}",
+                self.status,
+                String::from_utf8_lossy(&self.body)
+            );
         }
         serde_json::from_slice(&self.body).context("response is not JSON")
     }
 }
 
 /// Sends one request to `addr` (`host:port`) with `Connection: close`.
-pub fn request(method: &str, addr: &str, path: &str, body: Option<&serde_json::Value>) -> Result<Response> {
+pub fn request(
+    method: &str,
+    addr: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> Result<Response> {
     let mut s = TcpStream::connect(addr).with_context(|| format!("connect {addr}"))?;
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     let payload = body.map(|b| b.to_string()).unwrap_or_default();
@@ -37,7 +46,10 @@ pub fn request(method: &str, addr: &str, path: &str, body: Option<&serde_json::V
     s.write_all(req.as_bytes())?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw)?;
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").context("no HTTP header end")?;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .context("no HTTP header end")?;
     let head = String::from_utf8_lossy(&raw[..split]).to_string();
     let mut body = raw[split + 4..].to_vec();
     let status: u16 = head
@@ -45,7 +57,10 @@ pub fn request(method: &str, addr: &str, path: &str, body: Option<&serde_json::V
         .nth(1)
         .and_then(|c| c.parse().ok())
         .context("bad status line")?;
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         body = dechunk(&body)?;
     }
     Ok(Response { status, body })
@@ -54,8 +69,18 @@ pub fn request(method: &str, addr: &str, path: &str, body: Option<&serde_json::V
 fn dechunk(mut b: &[u8]) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     loop {
-        let nl = b.windows(2).position(|w| w == b"\r\n").context("bad chunk")?;
-        let size = usize::from_str_radix(String::from_utf8_lossy(&b[..nl]).split(';').next().unwrap_or("").trim(), 16)?;
+        let nl = b
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .context("bad chunk")?;
+        let size = usize::from_str_radix(
+            String::from_utf8_lossy(&b[..nl])
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim(),
+            16,
+        )?;
         b = &b[nl + 2..];
         if size == 0 {
             return Ok(out);

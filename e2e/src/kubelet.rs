@@ -44,12 +44,20 @@ impl KubeletDm {
         let mut cmd = Command::new(upstream_bin("kubelet-dm"));
         cmd.arg(format!("--root-dir={}", root.display()))
             .arg(format!("--addr-file={}", addr_file.display()))
-            .arg(format!("--v={}", std::env::var("KUDOS_E2E_KUBELET_V").unwrap_or_else(|_| "2".into())));
+            .arg(format!(
+                "--v={}",
+                std::env::var("KUDOS_E2E_KUBELET_V").unwrap_or_else(|_| "2".into())
+            ));
         let mut proc = Proc::spawn("kubelet-dm", cmd, log)?;
-        let addr = wait_for("kubelet-dm address", Duration::from_secs(20), Duration::from_millis(50), || {
-            let f = addr_file.clone();
-            async move { std::fs::read_to_string(f).ok() }
-        })
+        let addr = wait_for(
+            "kubelet-dm address",
+            Duration::from_secs(20),
+            Duration::from_millis(50),
+            || {
+                let f = addr_file.clone();
+                async move { std::fs::read_to_string(f).ok() }
+            },
+        )
         .await
         .with_context(|| format!("kubelet-dm log:\n{}", tail(log, 20)));
         let addr = match addr {
@@ -59,7 +67,11 @@ impl KubeletDm {
                 return Err(e);
             }
         };
-        Ok(Self { proc, addr, root: root.to_path_buf() })
+        Ok(Self {
+            proc,
+            addr,
+            root: root.to_path_buf(),
+        })
     }
 
     /// The device-plugin directory as seen from the host.
@@ -74,21 +86,37 @@ impl KubeletDm {
 
     /// Capacity, allocatable and device health.
     pub fn capacity(&self) -> Result<Capacity> {
-        Ok(serde_json::from_value(http::get_json(&self.addr, "/capacity")?)?)
+        Ok(serde_json::from_value(http::get_json(
+            &self.addr,
+            "/capacity",
+        )?)?)
     }
 
     /// Admits a pod through the kubelet's topology-manager admit handler (policy none), which
     /// calls the device manager's Allocate for each container. `containers` are
     /// `(name, [(resource, quantity)])`. Returns the harness's JSON answer.
-    pub fn admit(&self, namespace: &str, name: &str, uid: &str, containers: &[(&str, &[(&str, &str)])]) -> Result<Value> {
+    pub fn admit(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        containers: &[(&str, &[(&str, &str)])],
+    ) -> Result<Value> {
         let cs: Vec<Value> = containers
             .iter()
             .map(|(n, reqs)| {
-                let r: serde_json::Map<String, Value> = reqs.iter().map(|(k, v)| ((*k).to_string(), json!(v))).collect();
+                let r: serde_json::Map<String, Value> = reqs
+                    .iter()
+                    .map(|(k, v)| ((*k).to_string(), json!(v)))
+                    .collect();
                 json!({"name": n, "requests": r})
             })
             .collect();
-        http::post_json(&self.addr, "/pods", &json!({"namespace": namespace, "name": name, "uid": uid, "containers": cs}))
+        http::post_json(
+            &self.addr,
+            "/pods",
+            &json!({"namespace": namespace, "name": name, "uid": uid, "containers": cs}),
+        )
     }
 
     /// Marks a pod terminated; its devices are freed.
@@ -106,8 +134,15 @@ impl KubeletDm {
 
     /// Starts a process inside the namespace (it sees `/var/lib/kubelet`). Returns its pid.
     pub fn spawn(&self, argv: &[String], env: &[(&str, String)], log: &Path) -> Result<u32> {
-        let env: serde_json::Map<String, Value> = env.iter().map(|(k, v)| ((*k).to_string(), json!(v))).collect();
-        let v = http::post_json(&self.addr, "/spawn", &json!({"argv": argv, "env": env, "log": log}))?;
+        let env: serde_json::Map<String, Value> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), json!(v)))
+            .collect();
+        let v = http::post_json(
+            &self.addr,
+            "/spawn",
+            &json!({"argv": argv, "env": env, "log": log}),
+        )?;
         Ok(v["pid"].as_u64().context("pid")? as u32)
     }
 
@@ -125,13 +160,21 @@ impl KubeletDm {
 
 /// Calls the kubelet PodResources v1 `List` over the unix socket `socket`, as the node agent
 /// does.
-pub async fn pod_resources_list(socket: &Path) -> Result<kudos_proto::podresources::v1::ListPodResourcesResponse> {
-    use kudos_proto::podresources::v1::{ListPodResourcesRequest, pod_resources_lister_client::PodResourcesListerClient};
+pub async fn pod_resources_list(
+    socket: &Path,
+) -> Result<kudos_proto::podresources::v1::ListPodResourcesResponse> {
+    use kudos_proto::podresources::v1::{
+        ListPodResourcesRequest, pod_resources_lister_client::PodResourcesListerClient,
+    };
     let path = socket.to_path_buf();
     let channel = tonic::transport::Endpoint::try_from("http://localhost")?
         .connect_with_connector(tower::service_fn(move |_: ::http::Uri| {
             let p = path.clone();
-            async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(p).await?)) }
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(p).await?,
+                ))
+            }
         }))
         .await
         .with_context(|| format!("connect {}", socket.display()))?;

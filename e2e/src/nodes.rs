@@ -10,8 +10,8 @@ use crate::paths::{repo_root, shared_data_dir};
 use anyhow::{Context, Result};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::Client;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -57,7 +57,8 @@ pub fn alibaba_shapes() -> Result<Vec<NodeShape>> {
         eprintln!("e2e: {} absent, using the shipped extract", full.display());
         repo_root().join("e2e/data/openb_node_list_gpu_node_sample.csv")
     };
-    let mut r = csv::Reader::from_path(&path).with_context(|| format!("read {}", path.display()))?;
+    let mut r =
+        csv::Reader::from_path(&path).with_context(|| format!("read {}", path.display()))?;
     r.deserialize().map(|x| x.map_err(Into::into)).collect()
 }
 
@@ -123,10 +124,16 @@ pub async fn create_nodes(client: &Client, shapes: &[NodeShape], resource: &str)
                         }
                     }
                 }))?;
-                api.create(&PostParams::default(), &node).await.with_context(|| format!("create node {}", s.name))?;
-                api.patch_status(&s.name, &PatchParams::default(), &Patch::Merge(status_patch(&s, resource)))
+                api.create(&PostParams::default(), &node)
                     .await
-                    .with_context(|| format!("patch status of node {}", s.name))?;
+                    .with_context(|| format!("create node {}", s.name))?;
+                api.patch_status(
+                    &s.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(status_patch(&s, resource)),
+                )
+                .await
+                .with_context(|| format!("patch status of node {}", s.name))?;
                 anyhow::Ok(())
             }
         })

@@ -50,12 +50,21 @@ fn serve(c: TcpStream) -> Result<()> {
         let args: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         let names = args["NodeNames"].as_array().cloned().unwrap_or_default();
         let out = if path.ends_with("/prioritize") {
-            Value::Array(names.iter().map(|n| json!({"Host": n, "Score": 0})).collect())
+            Value::Array(
+                names
+                    .iter()
+                    .map(|n| json!({"Host": n, "Score": 0}))
+                    .collect(),
+            )
         } else {
             json!({"NodeNames": names, "FailedNodes": {}, "Error": ""})
         };
         let b = out.to_string();
-        write!(w, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}", b.len())?;
+        write!(
+            w,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+            b.len()
+        )?;
         w.flush()?;
     }
 }

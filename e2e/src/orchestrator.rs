@@ -28,7 +28,12 @@ impl Orchestrator {
     /// Starts the orchestrator with `kubeconfig` (or `--standalone` when `None`), storing its
     /// state and log under `dir`; `nodes` get static gRPC tokens ([`node_token`]). `extra`
     /// flags are appended. Waits for `/readyz`.
-    pub async fn start(dir: &Path, kubeconfig: Option<&Path>, nodes: &[String], extra: &[String]) -> Result<Self> {
+    pub async fn start(
+        dir: &Path,
+        kubeconfig: Option<&Path>,
+        nodes: &[String],
+        extra: &[String],
+    ) -> Result<Self> {
         let (hp, gp) = (free_port(), free_port());
         let tokens = dir.join("orchestrator-tokens.yaml");
         let mut t = String::new();
@@ -56,20 +61,37 @@ impl Orchestrator {
             }
         }
         cmd.args(extra);
-        cmd.env("RUST_LOG", std::env::var("KUDOS_E2E_RUST_LOG").unwrap_or_else(|_| "info".into()));
+        cmd.env(
+            "RUST_LOG",
+            std::env::var("KUDOS_E2E_RUST_LOG").unwrap_or_else(|_| "info".into()),
+        );
         let log = dir.join("kudos-orchestrator.log");
         let mut proc = Proc::spawn("kudos-orchestrator", cmd, &log)?;
         let http_addr = format!("127.0.0.1:{hp}");
-        let ready = wait_for("kudos-orchestrator /readyz", Duration::from_secs(60), Duration::from_millis(200), || {
-            let a = http_addr.clone();
-            async move { http::request("GET", &a, "/readyz", None).ok().filter(|r| r.status == 200).map(|_| ()) }
-        })
+        let ready = wait_for(
+            "kudos-orchestrator /readyz",
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || {
+                let a = http_addr.clone();
+                async move {
+                    http::request("GET", &a, "/readyz", None)
+                        .ok()
+                        .filter(|r| r.status == 200)
+                        .map(|_| ())
+                }
+            },
+        )
         .await;
         if let Err(e) = ready {
             proc.check_running()?;
             return Err(e).with_context(|| format!("orchestrator log:\n{}", tail(&log, 30)));
         }
-        Ok(Self { proc, http_addr, grpc_addr: format!("127.0.0.1:{gp}") })
+        Ok(Self {
+            proc,
+            http_addr,
+            grpc_addr: format!("127.0.0.1:{gp}"),
+        })
     }
 
     /// `http://127.0.0.1:<port>/kudos/v1`, the extender URL prefix for kube-scheduler.

@@ -5,7 +5,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The repository root (the workspace root).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("e2e has a parent").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("e2e has a parent")
+        .to_path_buf()
 }
 
 /// `e2e/_out/bin`, where `e2e/build` puts the upstream binaries and `kubelet-dm`.
@@ -53,7 +56,11 @@ pub fn require_bins(test: &str, bins: &[PathBuf]) -> bool {
     }
     let msg = format!(
         "{test}: missing {} (run `e2e/build` for the upstream binaries, `cargo build -p <crate>` for Kudos ones)",
-        missing.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        missing
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     if std::env::var("KUDOS_E2E_REQUIRE").as_deref() == Ok("1") {
         panic!("{msg}");
@@ -77,10 +84,15 @@ impl RunDir {
         let base = std::env::var_os("KUDOS_E2E_WORK_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| repo_root().join("e2e/_work"));
-        let t = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        let t = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
         let path = base.join(format!("{name}-{}-{}", t.as_millis(), std::process::id()));
         std::fs::create_dir_all(&path)?;
-        Ok(Self { path, passed: std::cell::Cell::new(false) })
+        Ok(Self {
+            path,
+            passed: std::cell::Cell::new(false),
+        })
     }
 
     /// Marks the run successful: the directory is removed on drop (unless `KUDOS_E2E_KEEP=1`).
@@ -101,7 +113,10 @@ impl RunDir {
 
 impl Drop for RunDir {
     fn drop(&mut self) {
-        if !self.passed.get() || std::thread::panicking() || std::env::var("KUDOS_E2E_KEEP").as_deref() == Ok("1") {
+        if !self.passed.get()
+            || std::thread::panicking()
+            || std::env::var("KUDOS_E2E_KEEP").as_deref() == Ok("1")
+        {
             eprintln!("e2e: logs and state kept in {}", self.path.display());
             if let Ok(rd) = std::fs::read_dir(&self.path) {
                 for e in rd.flatten() {

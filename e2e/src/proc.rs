@@ -25,7 +25,9 @@ impl Proc {
             .with_context(|| format!("open {}", log.display()))?;
         let f2 = f.try_clone()?;
         cmd.stdin(Stdio::null()).stdout(f).stderr(f2);
-        let child = cmd.spawn().with_context(|| format!("start {name}: {cmd:?}"))?;
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("start {name}: {cmd:?}"))?;
         Ok(Self {
             name: name.to_string(),
             child: Some(child),
@@ -60,7 +62,12 @@ impl Proc {
         if let Some(c) = self.child.as_mut()
             && let Some(st) = c.try_wait()?
         {
-            anyhow::bail!("{} exited ({st}); log {}:\n{}", self.name, self.log.display(), tail(&self.log, 30));
+            anyhow::bail!(
+                "{} exited ({st}); log {}:\n{}",
+                self.name,
+                self.log.display(),
+                tail(&self.log, 30)
+            );
         }
         Ok(())
     }
@@ -78,7 +85,9 @@ impl Proc {
 
     /// SIGTERM, wait up to the stop timeout, then SIGKILL. Idempotent.
     pub fn stop(&mut self) {
-        let Some(mut c) = self.child.take() else { return };
+        let Some(mut c) = self.child.take() else {
+            return;
+        };
         if matches!(c.try_wait(), Ok(Some(_))) {
             return;
         }
@@ -119,7 +128,12 @@ pub fn free_port() -> u16 {
 }
 
 /// Polls `f` every `every` until it returns `Some`, or fails after `timeout` with `what`.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, every: Duration, mut f: F) -> Result<T>
+pub async fn wait_for<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    every: Duration,
+    mut f: F,
+) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,

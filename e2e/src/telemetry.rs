@@ -2,13 +2,25 @@
 
 use crate::orchestrator::node_token;
 use anyhow::{Context, Result, bail};
-use kudos_proto::kudos::v1::{AckStatus, RunReport, RunState, telemetry_service_client::TelemetryServiceClient};
+use kudos_proto::kudos::v1::{
+    AckStatus, RunReport, RunState, telemetry_service_client::TelemetryServiceClient,
+};
 use tonic::metadata::MetadataValue;
 
 /// One completed run of `class` on `node` (one GPU of `model`) lasting `seconds`, ending
 /// `ago_s` seconds ago. `seq` makes ids unique.
-pub fn completed_run(node: &str, model: &str, class: &str, seconds: f64, ago_s: f64, seq: usize) -> RunReport {
-    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis() as i64;
+pub fn completed_run(
+    node: &str,
+    model: &str,
+    class: &str,
+    seconds: f64,
+    ago_s: f64,
+    seq: usize,
+) -> RunReport {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as i64;
     let end = now_ms - (ago_s * 1000.0) as i64;
     let start = end - (seconds * 1000.0) as i64;
     RunReport {
@@ -40,18 +52,30 @@ pub fn completed_run(node: &str, model: &str, class: &str, seconds: f64, ago_s: 
 /// checks every acknowledgement is Accepted (or Duplicate).
 pub async fn report_runs(grpc_addr: &str, node: &str, reports: Vec<RunReport>) -> Result<()> {
     let n = reports.len();
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc_addr}"))?.connect().await.context("connect gRPC")?;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc_addr}"))?
+        .connect()
+        .await
+        .context("connect gRPC")?;
     let token: MetadataValue<_> = format!("Bearer {}", node_token(node)).parse()?;
-    let mut client = TelemetryServiceClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
-        req.metadata_mut().insert("authorization", token.clone());
-        Ok(req)
-    });
-    let mut acks = client.report_runs(tokio_stream::iter(reports)).await.context("ReportRuns")?.into_inner();
+    let mut client =
+        TelemetryServiceClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
+            req.metadata_mut().insert("authorization", token.clone());
+            Ok(req)
+        });
+    let mut acks = client
+        .report_runs(tokio_stream::iter(reports))
+        .await
+        .context("ReportRuns")?
+        .into_inner();
     let mut got = 0;
     while let Some(ack) = acks.message().await? {
         let st = AckStatus::try_from(ack.status).unwrap_or(AckStatus::Unspecified);
         if !matches!(st, AckStatus::Accepted | AckStatus::Duplicate) {
-            bail!("report {} rejected ({st:?}): {}", ack.report_id, ack.message);
+            bail!(
+                "report {} rejected ({st:?}): {}",
+                ack.report_id,
+                ack.message
+            );
         }
         got += 1;
         if got == n {
@@ -66,14 +90,27 @@ pub async fn report_runs(grpc_addr: &str, node: &str, reports: Vec<RunReport>) -
 
 /// Sends `ReportPlugin` for `node` (with that node's token) as a device plugin does: `n`
 /// devices of `model`. Returns (unified resource name, configuration generation).
-pub async fn report_plugin(grpc_addr: &str, node: &str, vendor: &str, vendor_resource: &str, model: &str, n: u32) -> Result<(String, u64)> {
-    use kudos_proto::kudos::v1::{Device, ReportPluginRequest, registry_service_client::RegistryServiceClient};
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc_addr}"))?.connect().await.context("connect gRPC")?;
+pub async fn report_plugin(
+    grpc_addr: &str,
+    node: &str,
+    vendor: &str,
+    vendor_resource: &str,
+    model: &str,
+    n: u32,
+) -> Result<(String, u64)> {
+    use kudos_proto::kudos::v1::{
+        Device, ReportPluginRequest, registry_service_client::RegistryServiceClient,
+    };
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc_addr}"))?
+        .connect()
+        .await
+        .context("connect gRPC")?;
     let token: MetadataValue<_> = format!("Bearer {}", node_token(node)).parse()?;
-    let mut client = RegistryServiceClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
-        req.metadata_mut().insert("authorization", token.clone());
-        Ok(req)
-    });
+    let mut client =
+        RegistryServiceClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
+            req.metadata_mut().insert("authorization", token.clone());
+            Ok(req)
+        });
     let devices = (0..n)
         .map(|i| Device {
             id: format!("nv-GPU-{node}-{i}"),

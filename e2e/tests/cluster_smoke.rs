@@ -26,12 +26,26 @@ fn pod(name: &str, gpus: Option<u32>) -> Pod {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_smoke_pods_are_bound_by_real_scheduler() -> anyhow::Result<()> {
-    if !require_bins("cluster_smoke", &[upstream_bin("etcd"), upstream_bin("kube-apiserver"), upstream_bin("kube-scheduler")]) {
+    if !require_bins(
+        "cluster_smoke",
+        &[
+            upstream_bin("etcd"),
+            upstream_bin("kube-apiserver"),
+            upstream_bin("kube-scheduler"),
+        ],
+    ) {
         return Ok(());
     }
     let run = RunDir::new("smoke")?;
     let t0 = Instant::now();
-    let mut cp = ControlPlane::start(&run, ControlPlaneOptions { scheduler: true, ..Default::default() }).await?;
+    let mut cp = ControlPlane::start(
+        &run,
+        ControlPlaneOptions {
+            scheduler: true,
+            ..Default::default()
+        },
+    )
+    .await?;
     eprintln!("control plane ready in {:?}", t0.elapsed());
 
     // Two CPU-only-ish nodes (0 GPUs) and one with 4 GPUs.
@@ -42,31 +56,56 @@ async fn cluster_smoke_pods_are_bound_by_real_scheduler() -> anyhow::Result<()> 
     assert_eq!(nodes.list(&ListParams::default()).await?.items.len(), 3);
 
     let pods: Api<Pod> = Api::namespaced(cp.client.clone(), "default");
-    pods.create(&PostParams::default(), &pod("plain", None)).await?;
-    pods.create(&PostParams::default(), &pod("gpu", Some(2))).await?;
-    pods.create(&PostParams::default(), &pod("too-big", Some(8))).await?;
+    pods.create(&PostParams::default(), &pod("plain", None))
+        .await?;
+    pods.create(&PostParams::default(), &pod("gpu", Some(2)))
+        .await?;
+    pods.create(&PostParams::default(), &pod("too-big", Some(8)))
+        .await?;
 
     for (name, want) in [("plain", None), ("gpu", Some("node-t4-0"))] {
-        let node = wait_for(&format!("pod {name} bound"), Duration::from_secs(60), Duration::from_millis(200), || {
-            let pods = pods.clone();
-            async move { pods.get(name).await.ok().and_then(|p| p.spec.and_then(|s| s.node_name)) }
-        })
+        let node = wait_for(
+            &format!("pod {name} bound"),
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || {
+                let pods = pods.clone();
+                async move {
+                    pods.get(name)
+                        .await
+                        .ok()
+                        .and_then(|p| p.spec.and_then(|s| s.node_name))
+                }
+            },
+        )
         .await?;
         if let Some(w) = want {
             assert_eq!(node, w, "pod {name} must land on the only GPU node");
         }
     }
     // 8 GPUs fit nowhere: the scheduler reports it unschedulable, naming the resource.
-    let msg = wait_for("too-big unschedulable", Duration::from_secs(30), Duration::from_millis(200), || {
-        let pods = pods.clone();
-        async move {
-            let p = pods.get("too-big").await.ok()?;
-            let c = p.status?.conditions?.into_iter().find(|c| c.type_ == "PodScheduled")?;
-            (c.status == "False").then(|| c.message.unwrap_or_default())
-        }
-    })
+    let msg = wait_for(
+        "too-big unschedulable",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || {
+            let pods = pods.clone();
+            async move {
+                let p = pods.get("too-big").await.ok()?;
+                let c = p
+                    .status?
+                    .conditions?
+                    .into_iter()
+                    .find(|c| c.type_ == "PodScheduled")?;
+                (c.status == "False").then(|| c.message.unwrap_or_default())
+            }
+        },
+    )
     .await?;
-    assert!(msg.contains("kudos.dev/gpu"), "unschedulable message names the resource: {msg}");
+    assert!(
+        msg.contains("kudos.dev/gpu"),
+        "unschedulable message names the resource: {msg}"
+    );
     cp.check_running()?;
     run.pass();
     Ok(())

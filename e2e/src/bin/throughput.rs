@@ -30,12 +30,17 @@ struct Opts {
     nodes: Option<usize>,
 }
 
-/// Modes: `baseline` (no extender), `kudos` (the extender as `deploy/scheduler` ships it),
-/// `kudos-prioritize` (the same without filter), `null-extender` (filter + prioritize answered
-/// by a do-nothing server, kube-scheduler binds: the protocol's floor).
-
+/// Parses the flags. Modes: `baseline` (no extender), `kudos` (the extender as
+/// `deploy/scheduler` ships it), `kudos-prioritize` (the same without filter), `null-extender`
+/// (filter + prioritize answered by a do-nothing server, kube-scheduler binds: the protocol's
+/// floor).
 fn parse() -> Result<Opts> {
-    let mut o = Opts { pods: 1000, qps: 1000, modes: vec!["baseline".into(), "kudos".into()], nodes: None };
+    let mut o = Opts {
+        pods: 1000,
+        qps: 1000,
+        modes: vec!["baseline".into(), "kudos".into()],
+        nodes: None,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut v = || it.next().with_context(|| format!("{a} needs a value"));
@@ -45,7 +50,9 @@ fn parse() -> Result<Opts> {
             "--nodes" => o.nodes = Some(v()?.parse()?),
             "--modes" => o.modes = v()?.split(',').map(str::to_string).collect(),
             "-h" | "--help" => {
-                println!("kudos-e2e-throughput [--pods N=1000] [--qps Q=1000] [--modes baseline,kudos,kudos-prioritize,null-extender] [--nodes N]");
+                println!(
+                    "kudos-e2e-throughput [--pods N=1000] [--qps Q=1000] [--modes baseline,kudos,kudos-prioritize,null-extender] [--nodes N]"
+                );
                 std::process::exit(0);
             }
             _ => bail!("unknown argument {a}"),
@@ -85,7 +92,11 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
     }
     let t = Instant::now();
     create_nodes(&cp.client, &shapes, "kudos.dev/gpu").await?;
-    eprintln!("[{mode}] {} nodes created in {:?}", shapes.len(), t.elapsed());
+    eprintln!(
+        "[{mode}] {} nodes created in {:?}",
+        shapes.len(),
+        t.elapsed()
+    );
 
     let pods: Api<Pod> = Api::namespaced(cp.client.clone(), "default");
     let t = Instant::now();
@@ -138,7 +149,9 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, Instant)>();
     let watch_api = pods.clone();
     let watch = tokio::spawn(async move {
-        let mut s = watcher(watch_api, watcher::Config::default()).applied_objects().boxed();
+        let mut s = watcher(watch_api, watcher::Config::default())
+            .applied_objects()
+            .boxed();
         while let Ok(Some(p)) = s.try_next().await {
             if p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
                 let _ = tx.send((p.metadata.name.unwrap_or_default(), Instant::now()));
@@ -151,8 +164,16 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
     }
     let start = Instant::now();
     cp.start_scheduler(o.qps, extender.as_ref())?;
-    pids = cp.pids().into_iter().filter(|(n, _)| n == "kube-scheduler").chain(pids).collect();
-    let cpu0: Vec<f64> = pids.iter().map(|(_, p)| kudos_e2e::proc::cpu_seconds(*p).unwrap_or(0.0)).collect();
+    pids = cp
+        .pids()
+        .into_iter()
+        .filter(|(n, _)| n == "kube-scheduler")
+        .chain(pids)
+        .collect();
+    let cpu0: Vec<f64> = pids
+        .iter()
+        .map(|(_, p)| kudos_e2e::proc::cpu_seconds(*p).unwrap_or(0.0))
+        .collect();
     let mut bound = HashSet::new();
     let (mut first, mut last) = (None, None);
     let deadline = start + Duration::from_secs(900);
@@ -167,7 +188,12 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
             }
             Ok(None) => bail!("pod watch ended"),
             Err(_) => {
-                eprintln!("[{mode}] no binding for 60 s ({} of {} bound); logs in {}", bound.len(), o.pods, run.path().display());
+                eprintln!(
+                    "[{mode}] no binding for 60 s ({} of {} bound); logs in {}",
+                    bound.len(),
+                    o.pods,
+                    run.path().display()
+                );
                 break;
             }
         }
@@ -176,7 +202,12 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
     let cpu: Vec<(String, f64)> = pids
         .iter()
         .zip(cpu0)
-        .map(|((n, p), c0)| (n.clone(), kudos_e2e::proc::cpu_seconds(*p).unwrap_or(c0) - c0))
+        .map(|((n, p), c0)| {
+            (
+                n.clone(),
+                kudos_e2e::proc::cpu_seconds(*p).unwrap_or(c0) - c0,
+            )
+        })
         .collect();
     cp.check_running()?;
     let mut extender_ms = Vec::new();
@@ -215,19 +246,37 @@ fn extender_means(metrics: &str) -> Vec<(String, f64, u64)> {
         } else {
             continue;
         };
-        let Some((labels, value)) = rest.split_once("} ") else { continue };
-        let verb = labels.split(',').find_map(|kv| kv.strip_prefix("verb=")).unwrap_or(labels).trim_matches('"').to_string();
-        let v: f64 = value.split_whitespace().next().and_then(|x| x.parse().ok()).unwrap_or(0.0);
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let verb = labels
+            .split(',')
+            .find_map(|kv| kv.strip_prefix("verb="))
+            .unwrap_or(labels)
+            .trim_matches('"')
+            .to_string();
+        let v: f64 = value
+            .split_whitespace()
+            .next()
+            .and_then(|x| x.parse().ok())
+            .unwrap_or(0.0);
         let e = sums.entry(verb).or_default();
         if is_sum { e.0 += v } else { e.1 += v as u64 }
     }
-    sums.into_iter().filter(|(_, (_, c))| *c > 0).map(|(k, (s, c))| (k, s * 1000.0 / c as f64, c)).collect()
+    sums.into_iter()
+        .filter(|(_, (_, c))| *c > 0)
+        .map(|(k, (s, c))| (k, s * 1000.0 / c as f64, c))
+        .collect()
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     let o = parse()?;
-    let mut bins = vec![upstream_bin("etcd"), upstream_bin("kube-apiserver"), upstream_bin("kube-scheduler")];
+    let mut bins = vec![
+        upstream_bin("etcd"),
+        upstream_bin("kube-apiserver"),
+        upstream_bin("kube-scheduler"),
+    ];
     if o.modes.iter().any(|m| m.starts_with("kudos")) {
         bins.push(kudos_bin("kudos-orchestrator"));
     }
@@ -238,25 +287,45 @@ async fn main() -> Result<()> {
     for m in &o.modes {
         out.push(run_mode(m, &o).await?);
     }
-    println!("{:<10} {:>6} {:>6} {:>6} {:>12} {:>14} {:>9}", "mode", "nodes", "pods", "bound", "bind window", "since start", "pods/s");
+    println!(
+        "{:<10} {:>6} {:>6} {:>6} {:>12} {:>14} {:>9}",
+        "mode", "nodes", "pods", "bound", "bind window", "since start", "pods/s"
+    );
     for r in &out {
         println!(
             "{:<10} {:>6} {:>6} {:>6} {:>11.2}s {:>13.2}s {:>9.1}",
-            r.mode, r.nodes, r.pods, r.bound, r.bind_window.as_secs_f64(), r.since_start.as_secs_f64(), r.rate()
+            r.mode,
+            r.nodes,
+            r.pods,
+            r.bound,
+            r.bind_window.as_secs_f64(),
+            r.since_start.as_secs_f64(),
+            r.rate()
         );
     }
     for r in &out {
-        let per_pod: Vec<String> = r.cpu.iter().map(|(n, c)| format!("{n} {:.2}", c * 1000.0 / r.bound.max(1) as f64)).collect();
+        let per_pod: Vec<String> = r
+            .cpu
+            .iter()
+            .map(|(n, c)| format!("{n} {:.2}", c * 1000.0 / r.bound.max(1) as f64))
+            .collect();
         println!("{}: CPU ms per bound pod: {}", r.mode, per_pod.join(", "));
         for (verb, ms, n) in &r.extender_ms {
-            println!("{}: extender {verb}: mean {ms:.2} ms over {n} calls (orchestrator's histogram)", r.mode);
+            println!(
+                "{}: extender {verb}: mean {ms:.2} ms over {n} calls (orchestrator's histogram)",
+                r.mode
+            );
         }
     }
     let base = out.iter().find(|r| r.mode == "baseline").map(Outcome::rate);
     let mut ratios = serde_json::Map::new();
     for r in out.iter().filter(|r| r.mode != "baseline") {
         if let Some(b) = base.filter(|b| *b > 0.0) {
-            println!("ratio {}/baseline = {:.3} (goal >= 0.9)", r.mode, r.rate() / b);
+            println!(
+                "ratio {}/baseline = {:.3} (goal >= 0.9)",
+                r.mode,
+                r.rate() / b
+            );
             ratios.insert(r.mode.clone(), json!(r.rate() / b));
         }
     }

@@ -37,7 +37,10 @@ async fn main() -> Result<()> {
         let names: Vec<String> = shapes.iter().map(|s| s.name.clone()).collect();
         let o = Orchestrator::start(run.path(), Some(&cp.kubeconfig), &names, &[]).await?;
         cp.start_scheduler(100, Some(&ExtenderOptions::kudos(o.extender_url())))?;
-        println!("orchestrator: http://{} (extender, /explain, /state), gRPC {}", o.http_addr, o.grpc_addr);
+        println!(
+            "orchestrator: http://{} (extender, /explain, /state), gRPC {}",
+            o.http_addr, o.grpc_addr
+        );
         orch = Some(o);
     } else {
         cp.start_scheduler(100, None)?;
