@@ -1,0 +1,7 @@
+# kudos-node-agent image. Built by images/build with buildah (no daemon, nothing pulled): the build
+# context's rootfs/ holds the binary and exactly the shared libraries it links (found with
+# ldd), so the image starts FROM scratch and carries nothing else.
+# Runs as root: it reads the kubelet PodResources socket and NVML device nodes.
+FROM scratch
+COPY rootfs/ /
+ENTRYPOINT ["/usr/local/bin/kudos-node-agent"]
