@@ -128,10 +128,12 @@ impl Ingest {
         let (_, caller) = self.identify(&req).await?;
         let r = req.into_inner();
         Self::check_node(&caller, &r.node)?;
-        if r.vendor.is_empty() || r.vendor.len() > 63 {
-            return Err(IngestError::Invalid(
-                "vendor must be 1..=63 characters".into(),
-            ));
+        if !kudos_rollout::config::is_vendor_name(&r.vendor) {
+            return Err(IngestError::Invalid(format!(
+                "vendor {:?} must be a lowercase DNS label of at most {} characters (it names the plugin group, its DaemonSet and image tag)",
+                r.vendor,
+                kudos_rollout::config::MAX_VENDOR_LEN
+            )));
         }
         if let Some(d) = r
             .devices

@@ -270,3 +270,62 @@ async fn state_shows_monitor_output_and_filter_rejects_excluded_nodes() {
         "{metrics}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_push_leaves_the_configuration_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(FileStore::open(&dir.path().join("s.redb")).unwrap());
+    let index = mk_index(&[]);
+    let ingest = ingest(index.clone(), store.clone());
+    Services(ingest.clone())
+        .report_plugin(with_token(plugin("n1", 1, true), Some("t-n1")))
+        .await
+        .unwrap();
+    let before = store.load().await.unwrap().plugin_config;
+    let mut settings = deriver().settings().clone();
+    settings.retry.max_attempts = 1;
+    let metrics = RolloutMetrics::default();
+    // Registry and API server both unreachable (port 1): the push fails, nothing is recorded.
+    let kube =
+        kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().unwrap())).unwrap();
+    let ctx = Ctx::new(
+        RolloutSettings::default(),
+        Arc::new(ConfigRecorder::new(ingest.clone())),
+        metrics.clone(),
+    )
+    .with_kube(kube)
+    .with_deriver(ImageDeriver::new(settings, metrics.clone()).unwrap());
+    let view = PluginConfigView::from_config(&before).unwrap();
+    // The pass fails (the push, then the apply against the unreachable API server).
+    assert!(
+        kudos_rollout::reconcile(Arc::new(view), Arc::new(ctx))
+            .await
+            .is_err()
+    );
+    let failed = kudos_rollout::metrics::GroupLabels {
+        group: "nvidia".into(),
+        outcome: kudos_rollout::metrics::Outcome::Failure,
+    };
+    assert_eq!(metrics.image_pushes.get_or_create(&failed).get(), 1);
+    assert_eq!(store.load().await.unwrap().plugin_config, before);
+    assert_eq!(*index.read().unwrap().plugin_config(), before);
+    assert!(before.images.is_empty());
+}
+
+#[tokio::test]
+async fn vendor_names_that_cannot_name_a_plugin_group_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(FileStore::open(&dir.path().join("s.redb")).unwrap());
+    let grpc = Services(ingest(mk_index(&[]), store));
+    let mut req = plugin("n1", 1, true);
+    req.vendor = "NVIDIA".into();
+    let status = grpc
+        .report_plugin(with_token(req, Some("t-n1")))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("lowercase DNS label"),
+        "{status:?}"
+    );
+}
