@@ -279,7 +279,6 @@ async fn extender_steers_class_to_fastest_model_and_explain_agrees() -> anyhow::
 /// all (`/explain` shows them), members are bound exactly there through the extender's bind,
 /// on T4 nodes (a gang runs at the pace of its slowest member), and no node is overcommitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known orchestrator bug (fails ~2 in 3): a member evaluated while an earlier member's bind is in flight takes a node whose slot is already used (reserved t4-2,t4-2,t4-1; bound t4-1,t4-2,t4-1); run with --include-ignored"]
 async fn extender_gang_members_bind_to_reserved_slots() -> anyhow::Result<()> {
     let bins = [
         upstream_bin("etcd"),

@@ -10,7 +10,9 @@
 //! - Rejected nodes go to `FailedNodes` with scheduler-core's reason; nodes where Kudos knows no
 //!   accelerators go to `FailedAndUnresolvableNodes` (preemption cannot fix that).
 //! - A gang's first evaluated member reserves slots for the whole gang (`place_gang`); while the
-//!   reservation lives, filter passes only nodes with open slots and prioritize scores them 10.
+//!   reservation lives, each evaluated member claims one slot (see [`ledger`]): filter passes
+//!   only that slot's node, prioritize scores it 10 and the others 0, and bind refuses a node
+//!   where the member holds no slot. Members in flight together thus never share a slot.
 //! - The exploration seed is a hash of the pod UID, so retries of a pod rank alike.
 //! - Every ranking is kept for `GET /explain/{namespace}/{pod}`.
 
@@ -25,7 +27,7 @@ use bind::Binder;
 use kudos_scheduler_core::{GangSpec, PodSpec, Ranking};
 use ledger::{Ledger, Reservation};
 use serde::Serialize;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use types::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
@@ -123,8 +125,8 @@ pub struct Extender {
 struct Evaluation {
     /// The ranking and unknown nodes, shared with the explain cache (no copy).
     explained: Arc<Explained>,
-    /// Open gang slots, when the pod is in a gang with a live reservation.
-    gang_open: Option<HashSet<String>>,
+    /// The node of the gang slot this pod claims, when it is in a gang with a live reservation.
+    gang_node: Option<String>,
     /// Why a gang could not be placed.
     gang_error: Option<String>,
 }
@@ -255,7 +257,7 @@ impl Extender {
         );
         unknown.append(&mut excluded);
         let ranking = index.scheduler().rank(&spec, &states, now, seed);
-        let (mut gang_open, mut gang_error, mut reservation) = (None, None, None);
+        let (mut gang_node, mut gang_error, mut reservation) = (None, None, None);
         if let Some(key) = &gang_key {
             let live = match self.ledger.reservation(key, now) {
                 Some(r) => Ok(r),
@@ -266,8 +268,27 @@ impl Extender {
             };
             match live {
                 Ok(r) => {
-                    gang_open = Some(r.open_nodes().map(str::to_owned).collect());
-                    reservation = Some(r);
+                    // One slot for this member, on a node the ranking accepts.
+                    let rankable: FastSet<&str> =
+                        ranking.entries.iter().map(|e| e.node.as_str()).collect();
+                    let member = if facts.uid.is_empty() {
+                        format!("{}/{}", facts.namespace, facts.name)
+                    } else {
+                        facts.uid.clone()
+                    };
+                    match self
+                        .ledger
+                        .claim(key, &member, |n| rankable.contains(n), now)
+                    {
+                        Ok((node, r)) => {
+                            gang_node = Some(node);
+                            reservation = Some(r);
+                        }
+                        Err(e) => {
+                            gang_error = Some(e.to_string());
+                            reservation = Some(r);
+                        }
+                    }
                 }
                 Err(e) => gang_error = Some(format!("gang {key} cannot be placed now: {e}")),
             }
@@ -287,7 +308,7 @@ impl Extender {
         );
         Evaluation {
             explained,
-            gang_open,
+            gang_node,
             gang_error,
         }
     }
@@ -343,14 +364,14 @@ impl Extender {
             for n in passed.drain() {
                 failed.insert(n.to_owned(), err.clone());
             }
-        } else if let Some(open) = &ev.gang_open {
+        } else if let Some(slot) = &ev.gang_node {
             passed.retain(|n| {
-                let keep = open.contains(*n);
+                let keep = *n == slot.as_str();
                 if !keep {
                     failed.insert(
                         (*n).to_owned(),
                         format!(
-                            "gang {} holds its reserved slots on other nodes",
+                            "gang {} holds this member's slot on node {slot}",
                             facts.gang.as_ref().map_or("", |g| g.0.as_str())
                         ),
                     );
@@ -407,14 +428,14 @@ impl Extender {
         }
         let span = tracing::debug_span!("prioritize", pod = %format!("{}/{}", facts.namespace, facts.name), class = facts.class.as_deref().unwrap_or(""), nodes = names.len());
         let _g = span.enter();
-        let (explained, gang_open) = match self.reusable(&facts, &names) {
+        let (explained, gang_node) = match self.reusable(&facts, &names) {
             Some(e) => {
                 tracing::debug!("reusing the filter ranking");
                 (e, None)
             }
             None => {
                 let ev = self.evaluate("prioritize", &args, &facts, &names);
-                (ev.explained, ev.gang_open)
+                (ev.explained, ev.gang_node)
             }
         };
         let scores: crate::fasthash::FastMap<&str, u8> = explained
@@ -427,8 +448,8 @@ impl Extender {
             .into_iter()
             .map(|host| {
                 let base = i64::from(scores.get(host.as_str()).copied().unwrap_or(0).min(10));
-                let score = match &gang_open {
-                    Some(open) if open.contains(&host) => 10,
+                let score = match &gang_node {
+                    Some(slot) if *slot == host => 10,
                     Some(_) => 0,
                     None => base,
                 };
@@ -449,6 +470,17 @@ impl Extender {
             };
         };
         let uid = args.pod_uid.unwrap_or_default();
+        // A gang member binds only where it holds a slot; the slot is taken before the API
+        // call so that concurrent binds of members cannot take the same one.
+        let taken = match self.ledger.take_slot(&uid, &node, unix_now()) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(pod = %format!("{ns}/{name}"), node, error = %e, "bind refused");
+                return ExtenderBindingResult {
+                    error: e.to_string(),
+                };
+            }
+        };
         match self.binder.bind(&ns, &name, &uid, &node).await {
             Ok(()) => {
                 let gang = self.ledger.bound(&uid, &node, unix_now());
@@ -456,6 +488,9 @@ impl Extender {
                 ExtenderBindingResult::default()
             }
             Err(e) => {
+                if let Some(t) = &taken {
+                    self.ledger.release(t, &uid, unix_now());
+                }
                 tracing::warn!(pod = %format!("{ns}/{name}"), node, error = %e, "bind failed");
                 ExtenderBindingResult {
                     error: e.to_string(),
