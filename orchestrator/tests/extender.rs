@@ -23,23 +23,6 @@ fn golden(name: &str) -> PathBuf {
         .join(name)
 }
 
-async fn call(app: axum::Router, method: &str, uri: &str, body: Vec<u8>) -> (StatusCode, Value) {
-    let req = Request::builder()
-        .method(method)
-        .uri(uri)
-        .header("content-type", "application/json")
-        .body(Body::from(body))
-        .unwrap();
-    let resp = app.oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    let v = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
-    (status, v)
-}
-
 fn matches(expected: &Value, actual: &Value, path: &str) -> Result<(), String> {
     match (expected, actual) {
         (Value::String(e), _) if e == "~" => Ok(()),
@@ -114,6 +97,71 @@ async fn golden_filter_node_names() {
 async fn golden_filter_nodes_form() {
     let v = check_golden("filter", "filter_nodes").await;
     assert!(v["NodeNames"].is_null());
+}
+
+/// Permanent mismatches go to `FailedAndUnresolvableNodes` (preemption cannot help), transient
+/// ones (no room now) to `FailedNodes`.
+#[tokio::test]
+async fn permanent_rejections_are_unresolvable() {
+    use kudos_orchestrator::index::Index;
+    use kudos_orchestrator::state::PluginConfig;
+    use kudos_scheduler_core::{ClassConfig, Scheduler, SchedulerConfig};
+    let mut config = SchedulerConfig::default();
+    config.classes.insert(
+        "llm".into(),
+        ClassConfig {
+            allowed_vendors: vec!["amd".into()],
+            min_device_memory_bytes: 40 << 30,
+            ..Default::default()
+        },
+    );
+    let mut idx = Index::new(UNIFIED, 120.0, Scheduler::new(config), false);
+    let mut cfg = PluginConfig::default();
+    let gpu = "AMD Instinct MI300X";
+    cfg.upsert(
+        "nv",
+        "nvidia",
+        entry("NVIDIA H100 80GB HBM3", 4, 80 << 30),
+        UNIFIED,
+    );
+    cfg.upsert("amd-small", "amd", entry(gpu, 4, 16 << 30), UNIFIED);
+    cfg.upsert("amd-one", "amd", entry(gpu, 1, 80 << 30), UNIFIED);
+    cfg.upsert("amd-busy", "amd", entry(gpu, 2, 80 << 30), UNIFIED);
+    cfg.upsert("amd-ok", "amd", entry(gpu, 4, 80 << 30), UNIFIED);
+    idx.set_plugin_config(cfg);
+    let app = mk_app(std::sync::Arc::new(std::sync::RwLock::new(idx)));
+    let nodes = ["nv", "amd-small", "amd-one", "amd-busy", "amd-ok"];
+    let filter = |name: &str| {
+        serde_json::to_vec(
+            &serde_json::json!({"Pod": pod_json(name, Some("llm"), 2), "NodeNames": nodes}),
+        )
+        .unwrap()
+    };
+    // Fill amd-busy: it has enough devices in total, just none free now.
+    let bind = serde_json::json!({"PodName": "first", "PodNamespace": "default",
+        "PodUID": "uid-first", "Node": "amd-busy"});
+    call(app.clone(), "POST", "/kudos/v1/filter", filter("first")).await;
+    let (_, v) = call(
+        app.clone(),
+        "POST",
+        "/kudos/v1/bind",
+        serde_json::to_vec(&bind).unwrap(),
+    )
+    .await;
+    assert_eq!(v["Error"], "", "{v}");
+    let (_, v) = call(app, "POST", "/kudos/v1/filter", filter("second")).await;
+    assert_eq!(v["NodeNames"], serde_json::json!(["amd-ok"]), "{v}");
+    let keys = |k: &str| {
+        let mut ks: Vec<String> = v[k].as_object().unwrap().keys().cloned().collect();
+        ks.sort();
+        ks
+    };
+    assert_eq!(
+        keys("FailedAndUnresolvableNodes"),
+        ["amd-one", "amd-small", "nv"],
+        "{v}"
+    );
+    assert_eq!(keys("FailedNodes"), ["amd-busy"], "{v}");
 }
 
 #[tokio::test]
@@ -294,109 +342,6 @@ async fn prioritize_reuses_the_filter_ranking_until_something_changes() {
     .await;
     let (_, e) = call(app, "GET", "/explain/default/r", vec![]).await;
     assert_eq!(verb(&e), "prioritize");
-}
-
-#[tokio::test]
-async fn gang_is_reserved_and_steered() {
-    let app = mk_app(standard_index());
-    let mut pod = pod_json("g-0", Some("resnet50"), 4);
-    pod["metadata"]["annotations"] =
-        serde_json::json!({"kudos.dev/gang-name": "job", "kudos.dev/gang-size": "2"});
-    let body = serde_json::json!({"Pod": pod, "NodeNames": ["gpu-a", "gpu-b", "gpu-c"]});
-    let (_, v) = call(
-        app.clone(),
-        "POST",
-        "/kudos/v1/filter",
-        serde_json::to_vec(&body).unwrap(),
-    )
-    .await;
-    let passed: Vec<String> = serde_json::from_value(v["NodeNames"].clone()).unwrap();
-    assert!(
-        !passed.is_empty() && !passed.contains(&"gpu-c".to_owned()),
-        "{v}"
-    );
-    let (_, st) = call(app.clone(), "GET", "/state", vec![]).await;
-    let slots = st["gangReservations"]["default/job"]["slots"]
-        .as_array()
-        .unwrap();
-    assert_eq!(slots.len(), 2, "{st}");
-    // The member holds one slot: filter passed its node only, prioritize scores it 10.
-    assert_eq!(passed.len(), 1, "{v}");
-    assert!(
-        slots.iter().any(|s| s["node"] == passed[0].as_str()),
-        "{st}"
-    );
-    let (_, v) = call(
-        app,
-        "POST",
-        "/kudos/v1/prioritize",
-        serde_json::to_vec(&body).unwrap(),
-    )
-    .await;
-    for hp in v.as_array().unwrap() {
-        let host = hp["Host"].as_str().unwrap();
-        assert_eq!(hp["Score"] == 10, host == passed[0], "{v}");
-    }
-}
-
-/// kube-scheduler evaluates the next member while the previous member's bind is in flight:
-/// members filtered before any bind are each steered to a slot of their own (together exactly
-/// the reserved slots, even with two slots on one node), and bind refuses a node where the
-/// member holds no slot.
-#[tokio::test]
-async fn gang_members_in_flight_get_distinct_slots_and_bind_honours_them() {
-    let app = mk_app(standard_index());
-    let member = |i: usize| {
-        let mut pod = pod_json(&format!("m-{i}"), Some("resnet50"), 4);
-        pod["metadata"]["annotations"] =
-            serde_json::json!({"kudos.dev/gang-name": "job", "kudos.dev/gang-size": "3"});
-        serde_json::json!({"Pod": pod, "NodeNames": ["gpu-a", "gpu-b", "gpu-c"]})
-    };
-    let mut chosen = Vec::new();
-    for i in 0..3 {
-        let body = serde_json::to_vec(&member(i)).unwrap();
-        let (_, v) = call(app.clone(), "POST", "/kudos/v1/filter", body).await;
-        let passed: Vec<String> = serde_json::from_value(v["NodeNames"].clone()).unwrap();
-        assert_eq!(passed.len(), 1, "member {i} steered to one slot: {v}");
-        chosen.push(passed[0].clone());
-    }
-    let (_, st) = call(app.clone(), "GET", "/state", vec![]).await;
-    let mut slots: Vec<String> = st["gangReservations"]["default/job"]["slots"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["node"].as_str().unwrap().to_owned())
-        .collect();
-    let mut sorted = chosen.clone();
-    sorted.sort();
-    slots.sort();
-    assert_eq!(sorted, slots, "members hold exactly the reserved slots");
-    let bind = |i: usize, node: &str| {
-        serde_json::to_vec(
-            &serde_json::json!({"PodName": format!("m-{i}"), "PodNamespace": "default",
-            "PodUID": format!("uid-m-{i}"), "Node": node}),
-        )
-        .unwrap()
-    };
-    // Each member bound to another member's node: refused (that node has no slot for it).
-    for i in 0..3 {
-        if let Some(wrong) = chosen.iter().find(|n| **n != chosen[i]) {
-            let (_, v) = call(app.clone(), "POST", "/kudos/v1/bind", bind(i, wrong)).await;
-            assert!(
-                v["Error"].as_str().unwrap().contains("no open slot"),
-                "member {i} on {wrong}: {v}"
-            );
-        }
-    }
-    for (i, node) in chosen.iter().enumerate() {
-        let (_, v) = call(app.clone(), "POST", "/kudos/v1/bind", bind(i, node)).await;
-        assert_eq!(v["Error"], "", "member {i} on {node}");
-    }
-    let (_, st) = call(app, "GET", "/state", vec![]).await;
-    let bound = st["gangReservations"]["default/job"]["bound"]
-        .as_array()
-        .unwrap();
-    assert!(bound.iter().all(|b| b.is_string()), "{st}");
 }
 
 #[tokio::test]

@@ -7,8 +7,11 @@
 //!
 //! - Pods that do not request the unified resource are not Kudos's business: filter echoes its
 //!   input and prioritize gives every node 0 (no opinion).
-//! - Rejected nodes go to `FailedNodes` with scheduler-core's reason; nodes where Kudos knows no
-//!   accelerators go to `FailedAndUnresolvableNodes` (preemption cannot fix that).
+//! - Rejected nodes go to `FailedNodes` with scheduler-core's reason when the rejection is
+//!   transient (no room now, stale, unhealthy); permanent mismatches
+//!   (`RejectionKind::is_permanent`: the class forbids the devices, too little device memory,
+//!   fewer devices than requested) and nodes where Kudos knows no accelerators go to
+//!   `FailedAndUnresolvableNodes` (preemption cannot fix those).
 //! - A gang's first evaluated member reserves slots for the whole gang (`place_gang`); while the
 //!   reservation lives, each evaluated member claims one slot (see [`ledger`]): filter passes
 //!   only that slot's node, prioritize scores it 10 and the others 0, and bind refuses a node
@@ -343,16 +346,31 @@ impl Extender {
         let _g = span.enter();
         let gens = self.generations();
         let ev = self.evaluate("filter", &args, &facts, &names);
-        let mut failed: std::collections::BTreeMap<String, String> = ev
+        // Permanent mismatches (the class forbids the devices, too little device memory, fewer
+        // devices than requested) and nodes without known accelerators cannot be fixed by
+        // preemption, so kube-scheduler should not try; the rest (no room now, stale,
+        // unhealthy) may pass later.
+        let (permanent, transient): (Vec<_>, Vec<_>) = ev
             .explained
             .ranking
             .rejected
             .iter()
+            .partition(|r| r.kind.is_permanent());
+        let mut failed: std::collections::BTreeMap<String, String> = transient
+            .into_iter()
             .map(|r| (r.node.clone(), r.reason.clone()))
             .collect();
-        // No accelerators known: preemption cannot help, so kube-scheduler should not try.
-        let unresolvable: std::collections::BTreeMap<String, String> =
-            ev.explained.unknown_nodes.iter().cloned().collect();
+        let unresolvable: std::collections::BTreeMap<String, String> = ev
+            .explained
+            .unknown_nodes
+            .iter()
+            .cloned()
+            .chain(
+                permanent
+                    .into_iter()
+                    .map(|r| (r.node.clone(), r.reason.clone())),
+            )
+            .collect();
         let mut passed: FastSet<&str> = ev
             .explained
             .ranking

@@ -165,3 +165,26 @@ pub fn report(id: &str, node: &str, state: pb::RunState, class: &str) -> pb::Run
         ..Default::default()
     }
 }
+
+/// One request through the router; the body as JSON (or as a JSON string when it is not JSON).
+pub async fn call(
+    app: axum::Router,
+    method: &str,
+    uri: &str,
+    body: Vec<u8>,
+) -> (axum::http::StatusCode, serde_json::Value) {
+    let req = axum::http::Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(body))
+        .unwrap();
+    let resp = tower::ServiceExt::oneshot(app, req).await.unwrap();
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let v = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&bytes).into()));
+    (status, v)
+}

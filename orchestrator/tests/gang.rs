@@ -1,0 +1,109 @@
+//! Gang reservations through the router: the first member reserves slots for the gang, each
+//! member is steered to a slot of its own, and bind honours the reservation.
+
+mod common;
+
+use common::*;
+
+#[tokio::test]
+async fn gang_is_reserved_and_steered() {
+    let app = mk_app(standard_index());
+    let mut pod = pod_json("g-0", Some("resnet50"), 4);
+    pod["metadata"]["annotations"] =
+        serde_json::json!({"kudos.dev/gang-name": "job", "kudos.dev/gang-size": "2"});
+    let body = serde_json::json!({"Pod": pod, "NodeNames": ["gpu-a", "gpu-b", "gpu-c"]});
+    let (_, v) = call(
+        app.clone(),
+        "POST",
+        "/kudos/v1/filter",
+        serde_json::to_vec(&body).unwrap(),
+    )
+    .await;
+    let passed: Vec<String> = serde_json::from_value(v["NodeNames"].clone()).unwrap();
+    assert!(
+        !passed.is_empty() && !passed.contains(&"gpu-c".to_owned()),
+        "{v}"
+    );
+    let (_, st) = call(app.clone(), "GET", "/state", vec![]).await;
+    let slots = st["gangReservations"]["default/job"]["slots"]
+        .as_array()
+        .unwrap();
+    assert_eq!(slots.len(), 2, "{st}");
+    // The member holds one slot: filter passed its node only, prioritize scores it 10.
+    assert_eq!(passed.len(), 1, "{v}");
+    assert!(
+        slots.iter().any(|s| s["node"] == passed[0].as_str()),
+        "{st}"
+    );
+    let (_, v) = call(
+        app,
+        "POST",
+        "/kudos/v1/prioritize",
+        serde_json::to_vec(&body).unwrap(),
+    )
+    .await;
+    for hp in v.as_array().unwrap() {
+        let host = hp["Host"].as_str().unwrap();
+        assert_eq!(hp["Score"] == 10, host == passed[0], "{v}");
+    }
+}
+
+/// kube-scheduler evaluates the next member while the previous member's bind is in flight:
+/// members filtered before any bind are each steered to a slot of their own (together exactly
+/// the reserved slots, even with two slots on one node), and bind refuses a node where the
+/// member holds no slot.
+#[tokio::test]
+async fn gang_members_in_flight_get_distinct_slots_and_bind_honours_them() {
+    let app = mk_app(standard_index());
+    let member = |i: usize| {
+        let mut pod = pod_json(&format!("m-{i}"), Some("resnet50"), 4);
+        pod["metadata"]["annotations"] =
+            serde_json::json!({"kudos.dev/gang-name": "job", "kudos.dev/gang-size": "3"});
+        serde_json::json!({"Pod": pod, "NodeNames": ["gpu-a", "gpu-b", "gpu-c"]})
+    };
+    let mut chosen = Vec::new();
+    for i in 0..3 {
+        let body = serde_json::to_vec(&member(i)).unwrap();
+        let (_, v) = call(app.clone(), "POST", "/kudos/v1/filter", body).await;
+        let passed: Vec<String> = serde_json::from_value(v["NodeNames"].clone()).unwrap();
+        assert_eq!(passed.len(), 1, "member {i} steered to one slot: {v}");
+        chosen.push(passed[0].clone());
+    }
+    let (_, st) = call(app.clone(), "GET", "/state", vec![]).await;
+    let mut slots: Vec<String> = st["gangReservations"]["default/job"]["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["node"].as_str().unwrap().to_owned())
+        .collect();
+    let mut sorted = chosen.clone();
+    sorted.sort();
+    slots.sort();
+    assert_eq!(sorted, slots, "members hold exactly the reserved slots");
+    let bind = |i: usize, node: &str| {
+        serde_json::to_vec(
+            &serde_json::json!({"PodName": format!("m-{i}"), "PodNamespace": "default",
+            "PodUID": format!("uid-m-{i}"), "Node": node}),
+        )
+        .unwrap()
+    };
+    // Each member bound to another member's node: refused (that node has no slot for it).
+    for i in 0..3 {
+        if let Some(wrong) = chosen.iter().find(|n| **n != chosen[i]) {
+            let (_, v) = call(app.clone(), "POST", "/kudos/v1/bind", bind(i, wrong)).await;
+            assert!(
+                v["Error"].as_str().unwrap().contains("no open slot"),
+                "member {i} on {wrong}: {v}"
+            );
+        }
+    }
+    for (i, node) in chosen.iter().enumerate() {
+        let (_, v) = call(app.clone(), "POST", "/kudos/v1/bind", bind(i, node)).await;
+        assert_eq!(v["Error"], "", "member {i} on {node}");
+    }
+    let (_, st) = call(app, "GET", "/state", vec![]).await;
+    let bound = st["gangReservations"]["default/job"]["bound"]
+        .as_array()
+        .unwrap();
+    assert!(bound.iter().all(|b| b.is_string()), "{st}");
+}
