@@ -78,3 +78,27 @@ pub async fn shutdown_signal() {
         },
     }
 }
+
+/// Builds the async runtime, drives a daemon's main future to completion and maps the outcome
+/// to the process exit code: success on a clean shutdown, failure (logged with the whole cause
+/// chain, so the last log line says why the process stopped) on an error or when the runtime
+/// cannot start. Every binary ends the same way through this one function.
+pub fn run_daemon<F>(mut runtime: tokio::runtime::Builder, main: F) -> std::process::ExitCode
+where
+    F: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let rt = match runtime.enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(main) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "exiting");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

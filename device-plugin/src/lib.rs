@@ -48,24 +48,9 @@ pub fn main_with_args() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match rt.block_on(run(settings, kudos_common::shutdown_signal())) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "exiting");
-            ExitCode::FAILURE
-        }
-    }
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.worker_threads(2);
+    kudos_common::run_daemon(runtime, run(settings, kudos_common::shutdown_signal()))
 }
 
 /// Discovers devices with the configured backends. Backends that were not asked for by name

@@ -64,25 +64,10 @@ pub fn main_with_args() -> ExitCode {
         tracing::error!(error = %e, "refusing to start");
         return ExitCode::from(2);
     }
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .max_blocking_threads(64)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match rt.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "exiting");
-            ExitCode::FAILURE
-        }
-    }
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.worker_threads(2);
+    runtime.max_blocking_threads(64);
+    kudos_common::run_daemon(runtime, run(args))
 }
 
 fn backend(args: &Args) -> anyhow::Result<Arc<dyn sample::GpuBackend>> {

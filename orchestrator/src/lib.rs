@@ -125,23 +125,8 @@ pub fn main_with_args() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match rt.block_on(run(settings)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "exiting");
-            ExitCode::FAILURE
-        }
-    }
+    let runtime = tokio::runtime::Builder::new_multi_thread();
+    kudos_common::run_daemon(runtime, run(settings))
 }
 
 async fn kube_client(s: &Settings) -> anyhow::Result<Option<kube::Client>> {
