@@ -85,9 +85,14 @@ pub struct Args {
     )]
     pub name_cache: PathBuf,
 
-    /// Orchestrator gRPC address, e.g. http://kudos-orchestrator.kudos-system:9090. When absent
-    /// the plugin registers under --resource-name and reports nothing.
-    #[arg(long, env = "KUDOS_ORCHESTRATOR_ADDR")]
+    /// Orchestrator gRPC address, e.g. http://kudos-orchestrator.kudos-system.svc:8889 (also
+    /// accepted as --orchestrator-url, the node agent's name). When absent the plugin registers
+    /// under --resource-name and reports nothing.
+    #[arg(
+        long,
+        env = "KUDOS_ORCHESTRATOR_ADDR",
+        visible_alias = "orchestrator-url"
+    )]
     pub orchestrator_addr: Option<String>,
 
     /// Projected service-account token sent as a bearer token to the orchestrator (re-read on
@@ -294,6 +299,15 @@ mod tests {
         assert!(s.nvidia.ignored_xids.ignores(13) && !s.nvidia.ignored_xids.ignores(79));
         assert_eq!(s.metrics_addr, Some("0.0.0.0:9401".parse().expect("addr")));
         assert!(s.orchestrator_addr.is_none());
+    }
+
+    #[test]
+    fn orchestrator_address_accepts_the_node_agents_flag_name_too() {
+        let url = "http://kudos-orchestrator.kudos-system.svc:8889";
+        for flag in ["--orchestrator-addr", "--orchestrator-url"] {
+            let s = parse(&[flag, url]).expect("valid");
+            assert_eq!(s.orchestrator_addr.as_deref(), Some(url), "{flag}");
+        }
     }
 
     #[test]

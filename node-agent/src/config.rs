@@ -86,9 +86,14 @@ pub struct Args {
     #[arg(long, env = "KUDOS_POD_METADATA", value_enum, default_value_t = PodMetadataKind::None)]
     pub pod_metadata: PodMetadataKind,
 
-    /// Orchestrator gRPC URL, e.g. `http://kudos-orchestrator.kudos-system:50051`. Without it
-    /// reports are kept in the outbox until an agent with a URL sends them.
-    #[arg(long, env = "KUDOS_ORCHESTRATOR_URL")]
+    /// Orchestrator gRPC URL, e.g. `http://kudos-orchestrator.kudos-system.svc:8889` (also
+    /// accepted as `--orchestrator-addr`, the device plugin's name). Without it reports are kept
+    /// in the outbox until an agent with a URL sends them.
+    #[arg(
+        long,
+        env = "KUDOS_ORCHESTRATOR_URL",
+        visible_alias = "orchestrator-addr"
+    )]
     pub orchestrator_url: Option<String>,
 
     /// Projected service-account token sent as `authorization: Bearer`; re-read for every stream
@@ -209,6 +214,16 @@ mod tests {
         assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
         assert!(parse_duration("fast").is_err());
         assert!(parse_duration("1d").is_err());
+    }
+
+    #[test]
+    fn orchestrator_url_accepts_the_device_plugins_flag_name_too() {
+        let url = "http://kudos-orchestrator.kudos-system.svc:8889";
+        for flag in ["--orchestrator-url", "--orchestrator-addr"] {
+            let a = Args::try_parse_from(["kudos-node-agent", "--node-name", "n1", flag, url])
+                .expect("parse");
+            assert_eq!(a.orchestrator_url.as_deref(), Some(url), "{flag}");
+        }
     }
 
     #[test]
