@@ -414,32 +414,9 @@ async fn metrics_pass_promtool() {
         text.contains("kudos_orchestrator_extender_request_duration_seconds_bucket"),
         "{text}"
     );
-    let promtool = std::path::Path::new("/usr/bin/promtool");
-    if !promtool.exists() {
-        eprintln!("note: /usr/bin/promtool absent, skipping `promtool check metrics`");
-        return;
+    if let Some(report) = kudos_common::promtool_check_metrics(&text).expect("promtool") {
+        assert!(report.success, "promtool: {}", report.output);
     }
-    use std::io::Write;
-    let mut child = std::process::Command::new(promtool)
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 fn node_pool() -> Vec<(&'static str, &'static str, &'static str, usize)> {

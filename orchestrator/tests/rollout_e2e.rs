@@ -463,29 +463,7 @@ async fn standalone_dry_run_prints_the_plan_to_stdout() {
 
 /// `promtool check metrics` over populated rollout and node-monitoring metrics.
 fn promtool_check(text: &str) {
-    let promtool = Path::new("/usr/bin/promtool");
-    if !promtool.exists() {
-        eprintln!("note: /usr/bin/promtool absent, skipping `promtool check metrics`");
-        return;
+    if let Some(report) = kudos_common::promtool_check_metrics(text).expect("promtool") {
+        assert!(report.success, "promtool: {}", report.output);
     }
-    let mut child = Command::new(promtool)
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }

@@ -70,11 +70,6 @@ fn dcgm_names_and_labels_follow_the_pod() {
 
 #[test]
 fn promtool_accepts_the_exposition() {
-    let promtool_path = std::path::Path::new("/usr/bin/promtool");
-    if !promtool_path.exists() {
-        eprintln!("note: /usr/bin/promtool absent; skipping the promtool check");
-        return;
-    }
     let m = Metrics::new("node-a");
     let holders: HashMap<String, Holder> = [("GPU-0".to_string(), holder("train-1"))].into();
     m.record(&[reading(0, 75.0), reading(1, 0.0)], &holders, 1);
@@ -89,7 +84,9 @@ fn promtool_accepts_the_exposition() {
     // The DCGM families must keep dcgm-exporter's label names (`UUID`, `modelName`,
     // `Hostname`) for dashboard compatibility; promtool's style lint flags exactly those, as it
     // does on dcgm-exporter itself. Anything else it says is a failure.
-    let (ok, msg) = promtool(promtool_path, &text);
+    let Some((ok, msg)) = promtool(&text) else {
+        return;
+    };
     let unexpected: Vec<&str> = msg
         .lines()
         .filter(|l| !l.trim().is_empty())
@@ -108,35 +105,19 @@ fn promtool_accepts_the_exposition() {
         .filter(|l| !l.contains("DCGM_FI_DEV_"))
         .map(|l| format!("{l}\n"))
         .collect();
-    let (ok, msg) = promtool(promtool_path, &own);
+    let Some((ok, msg)) = promtool(&own) else {
+        return;
+    };
     assert!(
         ok && msg.trim().is_empty(),
         "promtool failed on kudos_* metrics:\n{msg}\n---\n{own}"
     );
 }
 
-fn promtool(path: &std::path::Path, text: &str) -> (bool, String) {
-    use std::io::Write;
-    let mut child = std::process::Command::new(path)
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn promtool");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(text.as_bytes())
-        .expect("write");
-    let out = child.wait_with_output().expect("promtool");
-    let msg = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), msg)
+fn promtool(text: &str) -> Option<(bool, String)> {
+    kudos_common::promtool_check_metrics(text)
+        .expect("running promtool")
+        .map(|r| (r.success, r.output))
 }
 
 #[tokio::test]
