@@ -1,6 +1,7 @@
-//! Scheduler configuration: per-class constraints (step 1), the capability prior and robustness of
-//! the first model (step 2), the review threshold (step 3), the second model's decay, Beta prior and
-//! exploration (step 4), merge weights (step 5) and the gang reservation TTL (step 6).
+//! Scheduler configuration, by design §2.2 step: per-class constraints (step 1), the capability
+//! prior and robustness of the first model (step 2), the review threshold (step 3), the second
+//! model's decay, Beta prior and exploration (step 4), merge weights (step 5) and the gang
+//! reservation TTL (step 6).
 //!
 //! Every field has a default, and `#[serde(default, deny_unknown_fields)]` lets a YAML or JSON
 //! file override only the parts it names while a typo is an error rather than a silent default.

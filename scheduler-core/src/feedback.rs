@@ -1,4 +1,4 @@
-//! Feedback (patent step 7): a run report becomes an actual compute time, updates the first model,
+//! Feedback (§2.3 step 3): a run report becomes an actual compute time, updates the first model,
 //! earns the node an actual review, and re-scores nodes (the third queue).
 //!
 //! * **Actual time.** A completed run took `end - start`; a run in progress is extrapolated as

@@ -1,19 +1,23 @@
 //! Pure scheduling algorithms for Kudos: the patent's steps as a library.
 //!
+//! Steps are numbered as in the design document's flows, one numbering for the whole codebase:
+//! §2.1 registration and rollout (steps 1-7), §2.2 scheduling (steps 1-6), §2.3 feedback
+//! (steps 1-3). A bare "step N" in this crate means §2.2 step N.
+//!
 //! No I/O, no async, no clock (time is an argument), seedable randomness, `serde` for the learned
 //! state. The orchestrator (extender, feedback ingestion, `/explain`) and the simulator both drive
 //! the [`Scheduler`] facade; nothing else re-implements these steps.
 //!
-//! | Step | Module | What |
+//! | Design step | Module | What |
 //! | --- | --- | --- |
-//! | 1 | [`nodeset`] | nodes that fit the pod and whose devices the class allows |
-//! | 2 | [`predict`], [`prior`], `transfer` | first model: compute time, uncertainty, source |
-//! | 3 | [`review`] | good / bad against a deadline or the best candidate |
-//! | 4 | [`score`] | second model: decayed good-review rate, Beta prior, exploration, 0..=10 |
-//! | 5 | [`queue`] | first queue, default plugins (second queue), merge (recommended queue) |
-//! | 6 | [`place`] | one node, or k gang slots together with an expiry |
-//! | 7 | [`feedback`] | actual time, model update, actual review, third queue |
-//! | 8 | [`Ranking::to_table`] | explanation |
+//! | §2.2 step 1 | [`nodeset`] | nodes that fit the pod and whose devices the class allows |
+//! | §2.2 step 2 | [`predict`], [`prior`], `transfer` | first model: time, uncertainty, source |
+//! | §2.2 step 3 | [`review`] | good / bad against a deadline or the best candidate |
+//! | §2.2 step 4 | [`score`] | second model: decayed good-review rate, Beta prior, exploration |
+//! | §2.2 step 5 | [`queue`] | first queue, default plugins (second queue), merge |
+//! | §2.2 steps 1-5 | `rank` | the steps above composed, one function each; [`Ranking::to_table`] |
+//! | §2.2 step 6 | [`place`] | one node, or k gang slots together with an expiry |
+//! | §2.3 step 3 | [`feedback`] | actual time, model update, actual review, third queue |
 //!
 //! Start with [`Scheduler::rank`] and [`Scheduler::observe`].
 //!
@@ -93,14 +97,14 @@ impl Scheduler {
         &self.config
     }
 
-    /// Steps 1-5: the recommended queue for `pod` over `nodes`, best first. Deterministic for a
+    /// §2.2 steps 1-5: the recommended queue for `pod` over `nodes`, best first. Deterministic for a
     /// given seed and independent of the order of `nodes`. Unfit nodes (no room, class forbids
     /// their devices, too little device memory, unhealthy, stale) go to `rejected` with a reason.
     pub fn rank(&self, pod: &PodSpec, nodes: &[NodeState], now: Timestamp, seed: u64) -> Ranking {
         rank::rank(&self.config, &self.state, pod, nodes, now, seed)
     }
 
-    /// Step 6: one node for a single pod; for a gang, `size` slots together, one device profile
+    /// §2.2 step 6: one node for a single pod; for a gang, `size` slots together, one device profile
     /// preferred, minimising the slowest member's predicted time; expires at `now + TTL`.
     pub fn place_gang(
         &self,
@@ -120,7 +124,7 @@ impl Scheduler {
         )
     }
 
-    /// Step 7: learn from a completed or in-progress run. Invalid reports are rejected with a
+    /// §2.3 step 3: learn from a completed or in-progress run. Invalid reports are rejected with a
     /// typed error and leave the model untouched.
     pub fn observe(
         &mut self,

@@ -1,4 +1,4 @@
-//! The node set of a class (patent step 1): which candidates can run the pod at all.
+//! The node set of a class (§2.2 step 1): which candidates can run the pod at all.
 //!
 //! A node qualifies when it is healthy and fresh, has the free devices, CPU and memory the pod
 //! requests, and carries devices the class allows (vendor or model lists, minimum device memory).

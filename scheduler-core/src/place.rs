@@ -1,4 +1,4 @@
-//! Placement (patent step 6): one node for a single pod, `k` slots chosen together for a gang.
+//! Placement (§2.2 step 6): one node for a single pod, `k` slots chosen together for a gang.
 //!
 //! A distributed job runs at the pace of its slowest member, so a gang is placed to minimise the
 //! predicted time of its slowest slot, not the sum. Mixed device types also make collective

@@ -1,4 +1,4 @@
-//! The first model (patent step 2): predict a pod's compute time on a node, with an uncertainty
+//! The first model (§2.2 step 2): predict a pod's compute time on a node, with an uncertainty
 //! and the source of the evidence.
 //!
 //! Everything is in log space: `x = ln(seconds / work_units)`. Run times are multiplicative

@@ -1,4 +1,4 @@
-//! The device-capability prior of the first model (patent step 2, last fallback).
+//! The device-capability prior of the first model (§2.2 step 2, last fallback).
 //!
 //! When nothing at all has been observed for a device profile, the predicted time is scaled by a
 //! relative speed looked up from the device model name. The table is small and derived from public

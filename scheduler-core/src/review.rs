@@ -1,4 +1,4 @@
-//! Reviews (patent step 3): a node is *Good* for a pod when its predicted compute time is at or
+//! Reviews (§2.2 step 3): a node is *Good* for a pod when its predicted compute time is at or
 //! below the threshold, *Bad* above it.
 //!
 //! The threshold is the pod's deadline when it declares one; otherwise it is relative to the best

@@ -1,4 +1,4 @@
-//! The second model (patent step 4): each node's good-review rate for a class becomes a 0..=10
+//! The second model (§2.2 step 4): each node's good-review rate for a class becomes a 0..=10
 //! score; sorted by score, the nodes form the first queue.
 //!
 //! **How predicted and actual reviews combine.** The rate is the posterior mean of a Beta-Bernoulli

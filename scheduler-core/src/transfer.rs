@@ -1,4 +1,4 @@
-//! The cross-class transfer model of the first model (patent step 2, third source): profile speed
+//! The cross-class transfer model of the first model (§2.2 step 2, third source): profile speed
 //! factors learned from every class, and class-specific interactions borrowed from similar classes.
 //!
 //! `x = ln(seconds / work) = class effect + profile effect + interaction`. The additive part is a
