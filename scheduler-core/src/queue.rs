@@ -1,4 +1,4 @@
-//! Queues (patent steps 4 and 5): the first queue (nodes by kudos score), the second queue
+//! Queues (§2.2 steps 4 and 5): the first queue (nodes by kudos score), the second queue
 //! (kube-scheduler's default scoring, reproduced) and their merge into the recommended queue.
 //!
 //! The second queue reproduces the two default scoring plugins that look at the fields Kudos has,
@@ -77,120 +77,125 @@ fn least_requested(requested: u64, allocatable: u64) -> u64 {
 
 /// NodeResourcesFit (LeastAllocated) score of a node for a pod, 0..=100.
 pub fn least_allocated(node: &NodeState, pod: &PodSpec) -> u64 {
-    let cpu = if pod.cpu_milli == 0 {
-        DEFAULT_MILLI_CPU_REQUEST
-    } else {
-        pod.cpu_milli
-    };
-    let mem = if pod.memory_bytes == 0 {
-        DEFAULT_MEMORY_REQUEST
-    } else {
-        pod.memory_bytes
-    };
-    let mut resources = [(0u64, 0u64); 3];
-    resources[0] = (
-        node.cpu_requested_milli.saturating_add(cpu),
-        node.cpu_allocatable_milli,
-    );
-    resources[1] = (
-        node.memory_requested_bytes.saturating_add(mem),
-        node.memory_allocatable_bytes,
-    );
-    let n = if pod.gpus > 0 {
-        resources[2] = gpu_request(node, pod);
-        3
-    } else {
-        2
-    };
-    let (mut sum, mut weights) = (0u64, 0u64);
-    for &(req, alloc) in &resources[..n] {
-        if alloc == 0 {
-            continue;
-        }
-        sum += least_requested(req, alloc);
-        weights += 1;
-    }
-    match weights {
-        0 => 0,
-        1 => sum,
-        2 => sum / 2,
-        _ => sum / 3,
-    }
-}
-
-fn gpu_request(node: &NodeState, pod: &PodSpec) -> (u64, u64) {
-    let count = u64::from(node.profile.count);
-    let used = count.saturating_sub(u64::from(node.free_devices));
-    (used + u64::from(pod.gpus), count)
-}
-
-/// The spread of a node's resource fractions before the final square root (or the standard
-/// deviation itself when no root is needed), so a caller can defer the root off a latency chain.
-fn balanced_spread(node: &NodeState, pod: &PodSpec) -> (f64, bool) {
-    let fraction = |req: u64, alloc: u64| (to_f64(req) / to_f64(alloc)).min(1.0);
-    let mut f = [0f64; 3];
-    let mut n = 0;
-    if node.cpu_allocatable_milli > 0 {
-        let req = node.cpu_requested_milli.saturating_add(pod.cpu_milli);
-        f[n] = fraction(req, node.cpu_allocatable_milli);
-        n += 1;
-    }
-    if node.memory_allocatable_bytes > 0 {
-        let req = node.memory_requested_bytes.saturating_add(pod.memory_bytes);
-        f[n] = fraction(req, node.memory_allocatable_bytes);
-        n += 1;
-    }
-    if pod.gpus > 0 {
-        let (req, alloc) = gpu_request(node, pod);
-        if alloc > 0 {
-            f[n] = fraction(req, alloc);
-            n += 1;
-        }
-    }
-    match n {
-        0 | 1 => (0.0, false),
-        2 => (((f[0] - f[1]) / 2.0).abs(), false),
-        _ => {
-            let mean = (f[0] + f[1] + f[2]) / 3.0;
-            let (a, b, c) = (f[0] - mean, f[1] - mean, f[2] - mean);
-            ((a * a + b * b + c * c) / 3.0, true)
-        }
-    }
-}
-
-fn balanced_from_spread((x, root): (f64, bool)) -> u64 {
-    let std = if root { x.sqrt() } else { x };
-    ((1.0 - std) * MAX_NODE_SCORE as f64) as u64
+    DefaultPlugins::new(pod).least_allocated(node)
 }
 
 /// BalancedAllocation score of a node for a pod, 0..=100.
 pub fn balanced_allocation(node: &NodeState, pod: &PodSpec) -> u64 {
-    balanced_from_spread(balanced_spread(node, pod))
-}
-
-/// The default plugins' score in two halves: computed while the node is in cache, finished later.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct DefaultParts {
-    least: u64,
-    spread: (f64, bool),
-}
-
-impl DefaultParts {
-    pub(crate) fn new(node: &NodeState, pod: &PodSpec) -> Self {
-        Self {
-            least: least_allocated(node, pod),
-            spread: balanced_spread(node, pod),
-        }
-    }
-
-    pub(crate) fn score(self) -> f64 {
-        (self.least + balanced_from_spread(self.spread)) as f64
-    }
+    DefaultPlugins::new(pod).balanced_allocation(node)
 }
 
 /// The default plugins' total score (both at weight 1), 0..=200.
 pub fn default_score(node: &NodeState, pod: &PodSpec) -> f64 {
-    DefaultParts::new(node, pod).score()
+    f64::from(DefaultPlugins::new(pod).score(node))
+}
+
+/// Both default scoring plugins for one pod, its requests resolved once for many nodes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DefaultPlugins {
+    /// CPU and memory requests as NodeResourcesFit counts them (non-zero defaults).
+    cpu_nonzero: u64,
+    memory_nonzero: u64,
+    /// Actual requests, as BalancedAllocation counts them.
+    cpu: u64,
+    memory: u64,
+    /// Devices requested; the GPU resource counts only when positive.
+    gpus: u32,
+}
+
+/// One resource of a node for the plugins: requested before the pod, allocatable.
+#[derive(Clone, Copy)]
+struct Resource {
+    requested: u64,
+    allocatable: u64,
+}
+
+impl DefaultPlugins {
+    pub(crate) fn new(pod: &PodSpec) -> Self {
+        let nonzero = |v: u64, default: u64| if v == 0 { default } else { v };
+        Self {
+            cpu_nonzero: nonzero(pod.cpu_milli, DEFAULT_MILLI_CPU_REQUEST),
+            memory_nonzero: nonzero(pod.memory_bytes, DEFAULT_MEMORY_REQUEST),
+            cpu: pod.cpu_milli,
+            memory: pod.memory_bytes,
+            gpus: pod.gpus,
+        }
+    }
+
+    /// CPU, memory and (when the pod requests devices) the GPU resource of `node`.
+    fn resources(&self, node: &NodeState) -> [Option<Resource>; 3] {
+        let count = u64::from(node.profile.count);
+        [
+            Some(Resource {
+                requested: node.cpu_requested_milli,
+                allocatable: node.cpu_allocatable_milli,
+            }),
+            Some(Resource {
+                requested: node.memory_requested_bytes,
+                allocatable: node.memory_allocatable_bytes,
+            }),
+            (self.gpus > 0).then(|| Resource {
+                requested: count.saturating_sub(u64::from(node.free_devices)),
+                allocatable: count,
+            }),
+        ]
+    }
+
+    /// NodeResourcesFit (LeastAllocated), 0..=100: resources the node does not have are skipped.
+    pub(crate) fn least_allocated(&self, node: &NodeState) -> u64 {
+        let pod = [self.cpu_nonzero, self.memory_nonzero, u64::from(self.gpus)];
+        let (mut sum, mut counted) = (0u64, 0u64);
+        for (r, pod) in self.resources(node).into_iter().zip(pod) {
+            if let Some(r) = r.filter(|r| r.allocatable > 0) {
+                sum += least_requested(r.requested.saturating_add(pod), r.allocatable);
+                counted += 1;
+            }
+        }
+        // Constant divisors: a multiply each instead of a 64-bit division.
+        match counted {
+            0 => 0,
+            1 => sum,
+            2 => sum / 2,
+            _ => sum / 3,
+        }
+    }
+
+    /// The spread of the node's resource fractions before the final square root (or the
+    /// standard deviation itself when no root is needed), so a caller can defer the root.
+    fn balanced_spread(&self, node: &NodeState) -> (f64, bool) {
+        let pod = [self.cpu, self.memory, u64::from(self.gpus)];
+        let mut f = [0f64; 3];
+        let mut n = 0;
+        for (r, pod) in self.resources(node).into_iter().zip(pod) {
+            if let Some(r) = r.filter(|r| r.allocatable > 0) {
+                let requested = r.requested.saturating_add(pod);
+                f[n] = (to_f64(requested) / to_f64(r.allocatable)).min(1.0);
+                n += 1;
+            }
+        }
+        match n {
+            0 | 1 => (0.0, false),
+            2 => (((f[0] - f[1]) / 2.0).abs(), false),
+            _ => {
+                let mean = (f[0] + f[1] + f[2]) / 3.0;
+                let (a, b, c) = (f[0] - mean, f[1] - mean, f[2] - mean);
+                ((a * a + b * b + c * c) / 3.0, true)
+            }
+        }
+    }
+
+    /// BalancedAllocation, 0..=100: `(1 - std(requested / allocatable)) * 100`.
+    pub(crate) fn balanced_allocation(&self, node: &NodeState) -> u64 {
+        let (x, root) = self.balanced_spread(node);
+        let std = if root { x.sqrt() } else { x };
+        ((1.0 - std) * MAX_NODE_SCORE as f64) as u64
+    }
+
+    /// Both plugins at weight 1, 0..=200.
+    pub(crate) fn score(&self, node: &NodeState) -> u8 {
+        // Each plugin is at most 100.
+        (self.least_allocated(node) + self.balanced_allocation(node)) as u8
+    }
 }
 
 /// Length of the common prefix of two byte strings.

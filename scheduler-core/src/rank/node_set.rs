@@ -1,0 +1,94 @@
+//! Design §2.2 step 1 over a call: the node set, and the distinct device profiles in it.
+
+use std::fmt::Write as _;
+use std::hash::Hasher as _;
+
+use super::{Call, Eval, ProfileRow, Row, SHARED, Scratch};
+use crate::nodeset::{check_node_kind, check_profile_kind};
+use crate::predict::NameHasher;
+use crate::types::{DeviceProfile, Rejection};
+
+/// §2.2 step 1: one [`Row`] per node that fits the pod and whose devices the class allows, in
+/// the order of `call.nodes`; the others are returned with their reasons. Device-level checks
+/// depend only on the profile, so they run once per distinct profile ([`Scratch::profiles`]).
+pub(super) fn node_set(call: &Call<'_>, s: &mut Scratch) -> Vec<Rejection> {
+    s.rows.clear();
+    s.profiles.clear();
+    let mut rejected = Vec::new();
+    for (i, node) in call.nodes.iter().enumerate() {
+        if let Err((kind, reason)) = check_node_kind(node, call.pod) {
+            rejected.push(Rejection {
+                node: node.name.clone(),
+                reason,
+                kind,
+            });
+            continue;
+        }
+        let profile = profile_index(call, s, i);
+        if let Err((kind, reason)) = &s.profiles[profile].allowed {
+            rejected.push(Rejection {
+                node: node.name.clone(),
+                reason: reason.clone(),
+                kind: *kind,
+            });
+            continue;
+        }
+        s.rows.push(Row {
+            node: i as u32,
+            profile: profile as u32,
+            eval: SHARED,
+            default_score: 0,
+            name_key: 0,
+        });
+    }
+    rejected
+}
+
+fn profile_hash(p: &DeviceProfile) -> u64 {
+    let mut h = NameHasher::default();
+    h.write(p.vendor.as_bytes());
+    h.write_u8(0xff);
+    h.write(p.model.as_bytes());
+    h.write_u64(u64::from(p.count) ^ p.memory_bytes.rotate_left(32));
+    h.finish()
+}
+
+/// The index of node `i`'s profile in [`Scratch::profiles`], added (and class-checked) when new.
+/// Nodes share few profiles: a linear search comparing hashes, the fields only on a hash match.
+fn profile_index(call: &Call<'_>, s: &mut Scratch, i: usize) -> usize {
+    let profile = &call.nodes[i].profile;
+    let h = profile_hash(profile);
+    if let Some(p) = s
+        .profiles
+        .iter()
+        .position(|p| p.hash == h && call.nodes[p.first as usize].profile == *profile)
+    {
+        return p;
+    }
+    let index = s.profiles.len();
+    if s.profile_keys.len() <= index {
+        s.profile_keys.push(String::new());
+    }
+    let key = &mut s.profile_keys[index];
+    key.clear();
+    // Same text as `DeviceProfile::key`, written into a reused buffer.
+    let _ = write!(
+        key,
+        "{}|{}|{}|{}",
+        profile.vendor, profile.model, profile.count, profile.memory_bytes
+    );
+    debug_assert_eq!(*key, profile.key());
+    let allowed = match &call.class {
+        Some(c) => check_profile_kind(c.name, c.config, profile),
+        None => Ok(()),
+    };
+    s.profiles.push(ProfileRow {
+        first: i as u32,
+        hash: h,
+        allowed,
+        pred: None,
+        shared_rows: 0,
+        eval: Eval::NEUTRAL,
+    });
+    index
+}

@@ -1,0 +1,245 @@
+//! The step functions composed by [`super::rank`] give the ranking that design §2.2's steps define
+//! node by node, on a fixed cluster: with and without history, a forbidden profile, unfit nodes,
+//! every exploration rule, both one-sided merge weights, deadlines, declared work and GPU counts.
+
+use super::*;
+use crate::Scheduler;
+use crate::config::MergeWeights;
+use crate::nodeset::{check_node_kind, check_profile_kind};
+use crate::predict::{predict_node, predict_profile_for};
+use crate::queue::{self, Candidate};
+use crate::review::{good_probability, threshold};
+use crate::score::{decay, explored_log_time, good_rate, to_score};
+use crate::tests::{node, pod, run};
+use crate::types::{NodeHealth, Review};
+
+/// Steps 1 to 5 for each node on its own, from their definitions: no per-profile sharing, no
+/// scratch, and the merge as the two queues' sorts followed by [`queue::merge`].
+fn reference(s: &Scheduler, pod: &PodSpec, nodes: &[NodeState], now: f64, seed: u64) -> Ranking {
+    let (config, state) = (s.config(), s.state());
+    let class = pod.class.as_deref();
+    let lookup = class.map(|c| state.class_for(c, pod.gpus));
+    let ln_work = work_scale(pod.work_units).ln();
+    let mut rejected = Vec::new();
+    let mut fit = Vec::new();
+    for node in nodes {
+        let allowed = check_node_kind(node, pod).and_then(|()| match class {
+            Some(c) => check_profile_kind(c, config.classes.get(c), &node.profile),
+            None => Ok(()),
+        });
+        if let Err((kind, reason)) = allowed {
+            let name = node.name.clone();
+            rejected.push(Rejection {
+                node: name,
+                reason,
+                kind,
+            });
+            continue;
+        }
+        let key = node.profile.key();
+        let own = lookup
+            .and_then(|l| l.own)
+            .and_then(|c| c.nodes.get(node.name.as_str()))
+            .filter(|c| c.window.est.n > 0.0 && c.profile_key == key);
+        let pred = lookup.map(|l| {
+            let p = predict_profile_for(state, config, l, &node.profile, &key);
+            predict_node(p, own, &key, config.min_own_runs)
+        });
+        let mean = pred.map(|p| p.mean + p.ln_work(ln_work));
+        let point = pred.map(|p| {
+            let m = p.mean + p.ln_work(ln_work);
+            explored_log_time(&config.exploration, m, p.sd, seed, &node.name)
+        });
+        fit.push((node, pred, mean, point, own));
+    }
+    let fastest = |times: Vec<Option<f64>>| {
+        let min = times.into_iter().flatten().fold(f64::INFINITY, f64::min);
+        min.is_finite().then(|| min.exp())
+    };
+    let fastest_mean = fastest(fit.iter().map(|f| f.2).collect());
+    let fastest_point = fastest(fit.iter().map(|f| f.3).collect());
+    let factor = class.map_or(config.threshold_factor, |c| config.threshold_factor_for(c));
+    let thr = class.and(threshold(pod.deadline_seconds, fastest_mean, factor));
+    let thr_explore = class.and(threshold(pod.deadline_seconds, fastest_point, factor));
+    let exploring = !matches!(config.exploration, Exploration::None);
+    let weight = config.prediction_review_weight;
+    let scored: Vec<(f64, f64, u8, f64)> = fit
+        .iter()
+        .map(|&(_, pred, mean, point, own)| {
+            let (Some(p), Some(mean), Some(point), Some(t)) = (pred, mean, point, thr) else {
+                return (0.5, 0.5, 5, mean.unwrap_or(0.0).exp());
+            };
+            let (good, bad) = own.map_or((0.0, 0.0), |c| {
+                let d = decay(now - c.t_ref, config.review_half_life_seconds);
+                (c.good * d, c.bad * d)
+            });
+            let p_good = good_probability(mean, p.sd, t.ln());
+            let p_explore = match thr_explore {
+                Some(te) if exploring => good_probability(point, 0.0, te.ln()),
+                _ => p_good,
+            };
+            let explored = good_rate(&config.beta_prior, good, bad, p_explore, weight);
+            let rate = good_rate(&config.beta_prior, good, bad, p_good, weight);
+            (rate, explored, to_score(explored), mean.exp())
+        })
+        .collect();
+    let candidates: Vec<Candidate<'_>> = fit
+        .iter()
+        .zip(&scored)
+        .map(|(&(node, _, mean, _, _), &(_, rate, score, _))| Candidate {
+            name: &node.name,
+            score,
+            rate,
+            log_time: mean.unwrap_or(0.0),
+            default_score: queue::default_score(node, pod),
+        })
+        .collect();
+    let names = queue::name_keys(&candidates);
+    let w = &config.merge_weights;
+    let tie = if w.kudos > 0.0 {
+        queue::first_queue(&candidates, &names)
+    } else {
+        queue::second_queue(&candidates, &names)
+    };
+    let entries = queue::merge(&candidates, &tie, w)
+        .into_iter()
+        .enumerate()
+        .map(|(pos, (i, merged_score))| {
+            let (i, c) = (i as usize, &candidates[i as usize]);
+            let (good_rate, _, score, seconds) = scored[i];
+            let prediction = fit[i].1.map(|p| Prediction {
+                seconds,
+                uncertainty_log_sd: p.sd,
+                source: p.source,
+            });
+            let review = thr
+                .zip(prediction.as_ref())
+                .map(|(t, p)| crate::review::review(p.seconds, t));
+            RankEntry {
+                node: c.name.to_owned(),
+                prediction,
+                review,
+                good_rate,
+                score,
+                default_score: c.default_score,
+                merged_score,
+                rank: pos + 1,
+            }
+        })
+        .collect();
+    rejected.sort_by(|a, b| a.node.cmp(&b.node));
+    Ranking {
+        namespace: pod.namespace.clone(),
+        pod: pod.name.clone(),
+        class: pod.class.clone(),
+        threshold_seconds: thr,
+        entries,
+        rejected,
+    }
+}
+
+/// 30 nodes over five models, loads varied, names sharing long prefixes; six cannot run a pod
+/// (five full, one stale), and one model is forbidden to class `c` under one configuration.
+fn cluster() -> Vec<NodeState> {
+    const MODELS: [&str; 5] = ["K80", "V100", "A100", "T4", "H100"];
+    (0..30u64)
+        .map(|i| {
+            // Unique names, many equal beyond the sort key's eight bytes, one a prefix of others.
+            let name = match i % 3 {
+                0 => format!("gke-prod-pool-{}-0000000000-{i:02}", i % 2),
+                1 => format!("n{i}"),
+                _ if i == 2 => "gke-prod-pool-0-0000000000".to_owned(),
+                _ => format!("gke-prod-pool-{i}-0000000000"),
+            };
+            let mut n = node(&name, MODELS[(i % 5) as usize]);
+            n.free_devices = if i % 7 == 0 { 0 } else { 1 + (i % 4) as u32 };
+            n.cpu_requested_milli = i * 997 % 32_000;
+            n.memory_requested_bytes = (i * 7 % 100) << 30;
+            if i == 13 {
+                n.health = NodeHealth::Stale { age_seconds: 60.0 };
+            }
+            n
+        })
+        .collect()
+}
+
+fn trained(config: SchedulerConfig, nodes: &[NodeState]) -> Scheduler {
+    let mut s = Scheduler::new(config);
+    let mut t = 1_000.0;
+    for (i, n) in nodes.iter().enumerate().filter(|(i, _)| i % 4 == 1) {
+        for k in 0..(i % 5) {
+            t += 100.0;
+            let secs = 100.0 * (1.0 + (i % 5) as f64) + 7.0 * k as f64;
+            let r = run(&n.name, &n.profile.model, "c", secs, t);
+            s.observe(&r, t).expect("a valid run");
+        }
+    }
+    // A run on a profile the node no longer has: its history must be ignored.
+    let r = run(&nodes[2].name, "P100", "c", 50.0, t + 10.0);
+    s.observe(&r, t + 10.0).expect("a valid run");
+    s
+}
+
+#[test]
+fn steps_compose_to_the_per_node_definition() {
+    let nodes = cluster();
+    let restricted = ClassConfig {
+        allowed_models: vec!["K80".into(), "V100".into(), "A100".into(), "H100".into()],
+        threshold_factor: Some(1.5),
+        ..ClassConfig::default()
+    };
+    let configs = [
+        SchedulerConfig::default(),
+        SchedulerConfig {
+            exploration: Exploration::Thompson,
+            ..SchedulerConfig::default()
+        },
+        SchedulerConfig {
+            exploration: Exploration::None,
+            merge_weights: MergeWeights {
+                kudos: 0.0,
+                default_plugins: 1.0,
+            },
+            ..SchedulerConfig::default()
+        },
+        SchedulerConfig {
+            merge_weights: MergeWeights {
+                kudos: 1.0,
+                default_plugins: 0.0,
+            },
+            classes: [("c".to_owned(), restricted)].into_iter().collect(),
+            ..SchedulerConfig::default()
+        },
+    ];
+    let base = pod(Some("c"));
+    let pods = [
+        base.clone(),
+        pod(None),
+        pod(Some("unseen")),
+        PodSpec {
+            deadline_seconds: Some(350.0),
+            ..base.clone()
+        },
+        PodSpec {
+            work_units: Some(2.5),
+            gpus: 2,
+            ..base.clone()
+        },
+    ];
+    let mut compared = 0;
+    for config in configs {
+        let s = trained(config, &nodes);
+        for p in &pods {
+            for (now, seed) in [(5_000.0, 1), (90_000.0, 2)] {
+                let got = s.rank(p, &nodes, now, seed);
+                assert_eq!(got, reference(&s, p, &nodes, now, seed), "pod {p:?}");
+                compared += got.entries.len();
+            }
+        }
+    }
+    // The cluster exercises the paths: nodes with and without reviews, both reviews.
+    let r = trained(SchedulerConfig::default(), &nodes).rank(&base, &nodes, 5_000.0, 1);
+    assert!(r.rejected.len() == 6 && compared > 500, "{r:?}");
+    let reviews: Vec<_> = r.entries.iter().filter_map(|e| e.review).collect();
+    assert!(reviews.contains(&Review::Good) && reviews.contains(&Review::Bad));
+}
