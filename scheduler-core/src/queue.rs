@@ -103,13 +103,6 @@ pub(crate) struct DefaultPlugins {
     gpus: u32,
 }
 
-/// One resource of a node for the plugins: requested before the pod, allocatable.
-#[derive(Clone, Copy)]
-struct Resource {
-    requested: u64,
-    allocatable: u64,
-}
-
 impl DefaultPlugins {
     pub(crate) fn new(pod: &PodSpec) -> Self {
         let nonzero = |v: u64, default: u64| if v == 0 { default } else { v };
@@ -122,79 +115,74 @@ impl DefaultPlugins {
         }
     }
 
-    /// CPU, memory and (when the pod requests devices) the GPU resource of `node`.
-    fn resources(&self, node: &NodeState) -> [Option<Resource>; 3] {
+    /// Both plugins in one pass over the node's CPU, memory and (when the pod requests devices)
+    /// GPU resource, skipping what the node does not have: `(NodeResourcesFit LeastAllocated,
+    /// BalancedAllocation)`, each 0..=100.
+    fn scores(&self, node: &NodeState) -> (u64, u64) {
         let count = u64::from(node.profile.count);
-        [
-            Some(Resource {
-                requested: node.cpu_requested_milli,
-                allocatable: node.cpu_allocatable_milli,
-            }),
-            Some(Resource {
-                requested: node.memory_requested_bytes,
-                allocatable: node.memory_allocatable_bytes,
-            }),
-            (self.gpus > 0).then(|| Resource {
-                requested: count.saturating_sub(u64::from(node.free_devices)),
-                allocatable: count,
-            }),
-        ]
-    }
-
-    /// NodeResourcesFit (LeastAllocated), 0..=100: resources the node does not have are skipped.
-    pub(crate) fn least_allocated(&self, node: &NodeState) -> u64 {
-        let pod = [self.cpu_nonzero, self.memory_nonzero, u64::from(self.gpus)];
-        let (mut sum, mut counted) = (0u64, 0u64);
-        for (r, pod) in self.resources(node).into_iter().zip(pod) {
-            if let Some(r) = r.filter(|r| r.allocatable > 0) {
-                sum += least_requested(r.requested.saturating_add(pod), r.allocatable);
-                counted += 1;
-            }
-        }
-        // Constant divisors: a multiply each instead of a 64-bit division.
-        match counted {
-            0 => 0,
-            1 => sum,
-            2 => sum / 2,
-            _ => sum / 3,
-        }
-    }
-
-    /// The spread of the node's resource fractions before the final square root (or the
-    /// standard deviation itself when no root is needed), so a caller can defer the root.
-    fn balanced_spread(&self, node: &NodeState) -> (f64, bool) {
-        let pod = [self.cpu, self.memory, u64::from(self.gpus)];
-        let mut f = [0f64; 3];
-        let mut n = 0;
-        for (r, pod) in self.resources(node).into_iter().zip(pod) {
-            if let Some(r) = r.filter(|r| r.allocatable > 0) {
-                let requested = r.requested.saturating_add(pod);
-                f[n] = (to_f64(requested) / to_f64(r.allocatable)).min(1.0);
+        let gpus = u64::from(self.gpus);
+        let (mut least, mut fraction, mut n) = (0u64, [0f64; 3], 0usize);
+        // Written out per resource rather than looped over an array: this runs for every
+        // candidate, and the straight-line form keeps everything in registers.
+        let mut add = |requested: u64, allocatable: u64, nonzero: u64, actual: u64| {
+            if allocatable > 0 {
+                least += least_requested(requested.saturating_add(nonzero), allocatable);
+                let requested = to_f64(requested.saturating_add(actual));
+                fraction[n] = (requested / to_f64(allocatable)).min(1.0);
                 n += 1;
             }
+        };
+        add(
+            node.cpu_requested_milli,
+            node.cpu_allocatable_milli,
+            self.cpu_nonzero,
+            self.cpu,
+        );
+        add(
+            node.memory_requested_bytes,
+            node.memory_allocatable_bytes,
+            self.memory_nonzero,
+            self.memory,
+        );
+        if gpus > 0 {
+            let used = count.saturating_sub(u64::from(node.free_devices));
+            add(used, count, gpus, gpus);
         }
-        match n {
-            0 | 1 => (0.0, false),
-            2 => (((f[0] - f[1]) / 2.0).abs(), false),
+        // Constant divisors: a multiply each instead of a 64-bit division.
+        let least = match n {
+            0 => 0,
+            1 => least,
+            2 => least / 2,
+            _ => least / 3,
+        };
+        let f = fraction;
+        let std = match n {
+            0 | 1 => 0.0,
+            2 => ((f[0] - f[1]) / 2.0).abs(),
             _ => {
                 let mean = (f[0] + f[1] + f[2]) / 3.0;
                 let (a, b, c) = (f[0] - mean, f[1] - mean, f[2] - mean);
-                ((a * a + b * b + c * c) / 3.0, true)
+                ((a * a + b * b + c * c) / 3.0).sqrt()
             }
-        }
+        };
+        (least, ((1.0 - std) * MAX_NODE_SCORE as f64) as u64)
+    }
+
+    /// NodeResourcesFit (LeastAllocated), 0..=100.
+    pub(crate) fn least_allocated(&self, node: &NodeState) -> u64 {
+        self.scores(node).0
     }
 
     /// BalancedAllocation, 0..=100: `(1 - std(requested / allocatable)) * 100`.
     pub(crate) fn balanced_allocation(&self, node: &NodeState) -> u64 {
-        let (x, root) = self.balanced_spread(node);
-        let std = if root { x.sqrt() } else { x };
-        ((1.0 - std) * MAX_NODE_SCORE as f64) as u64
+        self.scores(node).1
     }
 
     /// Both plugins at weight 1, 0..=200.
     pub(crate) fn score(&self, node: &NodeState) -> u8 {
+        let (least, balanced) = self.scores(node);
         // Each plugin is at most 100.
-        (self.least_allocated(node) + self.balanced_allocation(node)) as u8
+        (least + balanced) as u8
     }
 }
 
