@@ -5,9 +5,12 @@
 //! merged score descending, then the tie queue's key (the first queue's when the kudos weight is
 //! positive, else the second's), then the full name. The merged score is a function of (kudos
 //! score, default score), both small integers, so it enters the key as its rank among all such
-//! pairs (12 bits, one table per weights, kept across calls). With the tie key below it the key
-//! is 128 bits; the sort runs on its upper 64 and orders runs of equal upper halves by the rest,
-//! then by name.
+//! pairs (12 bits, one table per weights, kept across calls). The tie queue's key without the
+//! name is replaced the same way: the first queue's (score, rate, time) by its dense rank among
+//! the call's distinct evaluations (few: one per profile plus nodes with their own history), the
+//! second queue's by the default score. The name key's leading bits fill the rest of one `u64`,
+//! so the sort moves `(u64, u32)` pairs; rows whose keys are equal are ordered by full name, which
+//! orders them as the remaining name-key bits would, then by name.
 
 use super::{Call, Eval, Row, SHARED, Scratch};
 use crate::config::MergeWeights;

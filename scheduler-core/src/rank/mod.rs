@@ -19,8 +19,9 @@
 //! - Per candidate there is one small plain-data [`Row`]; every per-call buffer lives in a
 //!   thread-local [`Scratch`] reused across calls, so a call allocates its answer (entries with
 //!   their names, rejections) and nothing else that grows with the nodes.
-//! - The merge sorts `(u64, u32)` keys; names are compared only when their eight bytes after the
-//!   common prefix agree (see [`merge`]).
+//! - The merge sorts `(u64, u32)` keys: merged score, tie queue position and the name's leading
+//!   bits after the common prefix; full names are compared only where those keys agree (see
+//!   [`merge`]).
 
 mod evaluate;
 mod merge;
@@ -37,7 +38,7 @@ use crate::queue::Candidate;
 use crate::review::review;
 use crate::types::{NodeState, PodSpec, Prediction, RankEntry, Ranking, Rejection, RejectionKind};
 
-pub(crate) use evaluate::Threshold;
+use evaluate::Threshold;
 
 /// [`Row::eval`] of a node that shares its profile's evaluation.
 const SHARED: u32 = u32::MAX;
