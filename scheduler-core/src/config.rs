@@ -127,6 +127,9 @@ pub struct SchedulerConfig {
     pub enable_transfer: bool,
     /// Pseudo-reviews the current prediction counts for in the good-review rate.
     pub prediction_review_weight: f64,
+    /// Keyed runs remembered so that a run's snapshots replace each other (bounds the ledger;
+    /// the oldest run is forgotten first, and withdrawn if it was still in progress).
+    pub max_tracked_runs: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -146,6 +149,7 @@ impl Default for SchedulerConfig {
             default_class_seconds: 3600.0,
             enable_transfer: true,
             prediction_review_weight: 4.0,
+            max_tracked_runs: 10_000,
         }
     }
 }
@@ -211,6 +215,13 @@ impl SchedulerConfig {
         check("default_class_seconds", s, s > 0.0, "positive seconds")?;
         let p = self.prediction_review_weight;
         check("prediction_review_weight", p, p >= 0.0, "non-negative")?;
+        let r = self.max_tracked_runs as f64;
+        check(
+            "max_tracked_runs",
+            r,
+            (1.0..=1e7).contains(&r),
+            "1..=10000000",
+        )?;
         for (model, speed) in &self.capability_overrides {
             check(
                 &format!("capability_overrides.{model}"),

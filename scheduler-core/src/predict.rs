@@ -149,6 +149,13 @@ pub(crate) struct Obs {
     pub w: f64,
     /// When it was observed.
     pub t: f64,
+    /// The run it belongs to ([`crate::runs::run_id`] of its key), 0 for an unkeyed report.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub run: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// Robust location and scale of a window of runs.
@@ -183,6 +190,18 @@ impl Window {
         }
         self.obs.push_back(obs);
         self.est = robust_estimate(&self.obs);
+    }
+
+    /// Withdraws the observation of run `id` (a snapshot being replaced); false when the window
+    /// no longer holds it.
+    pub fn remove_run(&mut self, id: u64) -> bool {
+        let before = self.obs.len();
+        self.obs.retain(|o| o.run != id);
+        let removed = self.obs.len() != before;
+        if removed {
+            self.est = robust_estimate(&self.obs);
+        }
+        removed
     }
 }
 
@@ -289,6 +308,9 @@ pub struct ModelState {
     pub(crate) profile_effects: BTreeMap<String, ProfileEffect>,
     pub(crate) interaction_sd: Option<f64>,
     pub(crate) runs: u64,
+    /// Keyed runs and the observation each currently contributes (see [`crate::runs`]).
+    #[serde(default)]
+    pub(crate) ledger: crate::runs::RunLedger,
 }
 
 impl ModelState {
@@ -301,6 +323,11 @@ impl ModelState {
     /// Runs observed in total.
     pub fn runs(&self) -> u64 {
         self.runs
+    }
+
+    /// Keyed runs the model currently remembers (at most `max_tracked_runs`).
+    pub fn tracked_runs(&self) -> usize {
+        self.ledger.len()
     }
 
     /// Runs (effective weight, rounded down) of a class on a node (one-GPU pods; pass `class#g`
@@ -546,7 +573,14 @@ mod tests {
     use super::*;
 
     fn window(xs: &[f64]) -> VecDeque<Obs> {
-        xs.iter().map(|&x| Obs { x, w: 1.0, t: 0.0 }).collect()
+        xs.iter()
+            .map(|&x| Obs {
+                x,
+                w: 1.0,
+                t: 0.0,
+                run: 0,
+            })
+            .collect()
     }
 
     #[test]
@@ -601,6 +635,7 @@ mod tests {
                     x: f64::from(i),
                     w: 1.0,
                     t: 0.0,
+                    run: 0,
                 },
                 4,
             );

@@ -177,7 +177,9 @@ impl Policy for KudosPolicy {
                 gpu_busy_seconds: Some(runtime),
                 work_units: self.declare_work.then_some(run.job.steps),
             };
-            if let Err(e) = self.scheduler.observe(&obs, run.end) {
+            // One run key per pod, as the node agent reports it (a gang's members are pods).
+            let key = format!("job-{}/{}", run.job.id, obs.node);
+            if let Err(e) = self.scheduler.observe_run(&key, &obs, run.end) {
                 self.rejected += 1;
                 if self.rejected == 1 {
                     tracing::warn!(error = %e, node = %obs.node, "scheduler-core rejected an observation (further ones logged at debug)");
