@@ -113,6 +113,10 @@ pub struct SchedulerConfig {
     pub merge_weights: MergeWeights,
     /// Runs of a class on a node before its own history is the prediction's source.
     pub min_own_runs: u32,
+    /// Runs of a class on a device profile before its prediction there stops carrying the
+    /// prior's whole range (a factor 20) as uncertainty: with UCB (c >= 1) every profile that
+    /// could be the fastest is tried this many times, whatever the prior says. 0 disables.
+    pub explore_runs: u32,
     /// How long a gang reservation holds, seconds.
     pub gang_reservation_ttl_seconds: f64,
     /// A gang prefers one device profile unless mixing profiles makes its slowest member faster
@@ -143,6 +147,7 @@ impl Default for SchedulerConfig {
             exploration: Exploration::default(),
             merge_weights: MergeWeights::default(),
             min_own_runs: 3,
+            explore_runs: 1,
             gang_reservation_ttl_seconds: 120.0,
             gang_profile_tolerance: 1.10,
             history_window: 16,
@@ -203,6 +208,8 @@ impl SchedulerConfig {
             k + d > 0.0,
             "at least one weight positive",
         )?;
+        let e = f64::from(self.explore_runs);
+        check("explore_runs", e, e <= 100.0, "0..=100")?;
         let m = f64::from(self.min_own_runs);
         check("min_own_runs", m, m >= 1.0, "at least 1")?;
         let ttl = self.gang_reservation_ttl_seconds;
