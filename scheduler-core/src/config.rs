@@ -114,6 +114,10 @@ pub struct SchedulerConfig {
     pub merge_weights: MergeWeights,
     /// Runs of a class on a node before its own history is the prediction's source.
     pub min_own_runs: u32,
+    /// Runs of a class on a device profile before its prediction there stops carrying the
+    /// prior's whole range (a factor 20) as uncertainty: with UCB (c >= 1) every profile that
+    /// could be the fastest is tried this many times, whatever the prior says. 0 disables.
+    pub explore_runs: u32,
     /// How long a gang reservation holds, seconds.
     pub gang_reservation_ttl_seconds: f64,
     /// A gang prefers one device profile unless mixing profiles makes its slowest member faster
@@ -128,6 +132,9 @@ pub struct SchedulerConfig {
     pub enable_transfer: bool,
     /// Pseudo-reviews the current prediction counts for in the good-review rate.
     pub prediction_review_weight: f64,
+    /// Keyed runs remembered so that a run's snapshots replace each other (bounds the ledger;
+    /// the oldest run is forgotten first, and withdrawn if it was still in progress).
+    pub max_tracked_runs: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -141,12 +148,14 @@ impl Default for SchedulerConfig {
             exploration: Exploration::default(),
             merge_weights: MergeWeights::default(),
             min_own_runs: 3,
+            explore_runs: 1,
             gang_reservation_ttl_seconds: 120.0,
             gang_profile_tolerance: 1.10,
             history_window: 16,
             default_class_seconds: 3600.0,
             enable_transfer: true,
             prediction_review_weight: 4.0,
+            max_tracked_runs: 10_000,
         }
     }
 }
@@ -200,6 +209,8 @@ impl SchedulerConfig {
             k + d > 0.0,
             "at least one weight positive",
         )?;
+        let e = f64::from(self.explore_runs);
+        check("explore_runs", e, e <= 100.0, "0..=100")?;
         let m = f64::from(self.min_own_runs);
         check("min_own_runs", m, m >= 1.0, "at least 1")?;
         let ttl = self.gang_reservation_ttl_seconds;
@@ -212,6 +223,13 @@ impl SchedulerConfig {
         check("default_class_seconds", s, s > 0.0, "positive seconds")?;
         let p = self.prediction_review_weight;
         check("prediction_review_weight", p, p >= 0.0, "non-negative")?;
+        let r = self.max_tracked_runs as f64;
+        check(
+            "max_tracked_runs",
+            r,
+            (1.0..=1e7).contains(&r),
+            "1..=10000000",
+        )?;
         for (model, speed) in &self.capability_overrides {
             check(
                 &format!("capability_overrides.{model}"),

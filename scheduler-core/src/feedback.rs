@@ -1,21 +1,30 @@
 //! Feedback (§2.3 step 3): a run report becomes an actual compute time, updates the first model,
 //! earns the node an actual review, and re-scores nodes (the third queue).
 //!
-//! * **Actual time.** A completed run took `end - start`; a run in progress is extrapolated as
-//!   `elapsed / progress` and counts with weight `progress`, so an early guess moves the model
-//!   less than a finished run. The actual time is wall time, start to end: it is what the job's
-//!   completion time is made of. `gpu_busy_seconds` is validated (it cannot exceed the elapsed
-//!   time) but does not replace it; `gpus` selects the class's shape (see [`crate::predict`]).
+//! * **Units.** The model learns `ln(seconds per work unit)`. `work_units` is the work done by the
+//!   report's `end`: the whole run's for a final report, the work done *so far* for an in-progress
+//!   snapshot (what a workload writes to `kudos.dev/progress`). A snapshot with work units is a
+//!   measured rate, `elapsed / work done`, and needs no declared total and no extrapolation, so
+//!   `kudos.dev/work` is optional. Without work units the whole run is the unit: a completed run
+//!   took `end - start`; a run in progress is extrapolated as `elapsed / progress` and counts with
+//!   weight `progress`. Work units are never combined with the progress fraction (no double
+//!   extrapolation). The actual time is wall time from the reported start (container start).
+//! * **One observation per run.** [`observe_run`] takes a run key (the run's ID, the same across
+//!   its reports): a newer snapshot replaces the run's earlier one and the final report replaces
+//!   them all, so a ten-hour run reported every minute is still one run. Snapshots older than the
+//!   one held, and snapshots after the final report, are rejected as stale. The ledger of keyed
+//!   runs is bounded (see [`crate::runs`]). Unkeyed reports ([`observe`]) each count as a run.
 //! * **Validation.** Nothing a pod writes may poison the model: non-finite values, `end < start`,
 //!   zero durations, progress outside (0, 1], non-positive work and busy time above the elapsed
 //!   time are typed errors, and the model is untouched.
 //! * **Bounded influence.** Once a class has a level, the log time per work unit is clipped to
-//!   four standard deviations (at least a factor 10) of the current prediction before it is stored, and every cell's
-//!   estimate is a robust M-estimate over a window, so one run cannot move any estimate far.
+//!   four standard deviations (at least a factor 10) of the current prediction before it is stored,
+//!   and every cell's estimate is a robust M-estimate over a window, so one run cannot move any
+//!   estimate far.
 //! * **Actual review.** Good when the per-unit time is at most the class threshold factor times
 //!   the fastest per-unit time known for the class (over device profiles). When that reference
 //!   moves, every node of the class is re-judged from its stored runs, so old reviews never
-//!   contradict what the model now knows.
+//!   contradict what the model now knows; a node whose run was replaced is re-judged too.
 //! * **Third queue.** The nodes whose reviews changed, with their new score (the exploit-only
 //!   score against the class reference), best first. The first queue reads the same state, so the
 //!   next ranking of the class already includes them.
@@ -28,6 +37,7 @@ use crate::predict::{
     predict_profile_for,
 };
 use crate::review::good_probability;
+use crate::runs::RunEntry;
 use crate::score::{decay, good_rate, to_score};
 use crate::types::{Feedback, Review, RunObservation, Timestamp};
 
@@ -79,6 +89,14 @@ pub enum ObserveError {
     /// Node or class is empty.
     #[error("{0} must not be empty")]
     Empty(&'static str),
+    /// The run key already has a newer snapshot or its final report.
+    #[error("run {key:?} already has a {held} report; this one is stale")]
+    Stale {
+        /// The run key.
+        key: String,
+        /// What the model holds: `newer` or `final`.
+        held: &'static str,
+    },
 }
 
 fn finite(field: &'static str, v: f64) -> Result<f64, ObserveError> {
@@ -89,8 +107,25 @@ fn finite(field: &'static str, v: f64) -> Result<f64, ObserveError> {
     }
 }
 
-/// Validates a run and returns `(actual seconds, weight)`.
+/// What one report measures.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Measured {
+    /// Whole-run compute time, seconds: the elapsed time of a completed run; for a run in
+    /// progress, `elapsed / progress` when the fraction is known, else the elapsed time so far.
+    pub actual_seconds: f64,
+    /// `ln(seconds per work unit)`, or of the whole run's seconds without work units.
+    pub log_per_unit: f64,
+    /// Weight of the observation in (0, 1].
+    pub weight: f64,
+}
+
+/// Validates a run and returns `(actual seconds, weight)` (see [`measure`]).
 pub fn actual_time(run: &RunObservation) -> Result<(f64, f64), ObserveError> {
+    measure(run).map(|m| (m.actual_seconds, m.weight))
+}
+
+/// Validates a run and measures it (see the module docs for the units).
+pub fn measure(run: &RunObservation) -> Result<Measured, ObserveError> {
     if run.node.is_empty() {
         return Err(ObserveError::Empty("node"));
     }
@@ -121,12 +156,26 @@ pub fn actual_time(run: &RunObservation) -> Result<(f64, f64), ObserveError> {
         Some(p) => return Err(ObserveError::ProgressOutOfRange(p)),
         None => None,
     };
-    if run.completed {
-        Ok((elapsed, 1.0))
+    let (actual_seconds, weight) = if run.completed {
+        (elapsed, 1.0)
     } else {
-        let p = progress.ok_or(ObserveError::MissingProgress)?;
-        Ok((elapsed / p, p))
-    }
+        match (progress, run.work_units) {
+            (Some(p), _) => (elapsed / p, p),
+            // A measured rate: as good a per-unit time as a finished run's.
+            (None, Some(_)) => (elapsed, 1.0),
+            (None, None) => return Err(ObserveError::MissingProgress),
+        }
+    };
+    let log_per_unit = match run.work_units {
+        // Work done by `end`, over the time it took: never extrapolated.
+        Some(w) => (elapsed / w).ln(),
+        None => actual_seconds.ln(),
+    };
+    Ok(Measured {
+        actual_seconds,
+        log_per_unit,
+        weight,
+    })
 }
 
 /// Recomputes a node's decayed reviews as of `now` from its stored runs against `ln_ref`.
@@ -145,18 +194,56 @@ fn rejudge(cell: &mut NodeCell, ln_ref: f64, now: f64, half_life: f64) {
     cell.t_ref = now;
 }
 
-/// Applies one run to the model (see [`crate::Scheduler::observe`]).
+/// Applies one unkeyed report to the model: it counts as a run of its own (see
+/// [`crate::Scheduler::observe`]).
 pub fn observe(
     config: &SchedulerConfig,
     state: &mut ModelState,
     run: &RunObservation,
     now: Timestamp,
 ) -> Result<Feedback, ObserveError> {
-    let (actual, weight) = actual_time(run)?;
+    observe_run(config, state, None, run, now)
+}
+
+/// Withdraws a keyed run's current observation from its cells (see [`crate::runs`]).
+fn withdraw(state: &mut ModelState, entry: &RunEntry) {
+    if let Some(class) = state.classes.get_mut(&entry.class_key) {
+        if let Some(cell) = class.cells.get_mut(&entry.profile_key) {
+            cell.window.remove_run(entry.id);
+        }
+        if let Some(node) = class.nodes.get_mut(&entry.node) {
+            node.window.remove_run(entry.id);
+        }
+    }
+}
+
+/// Applies one report of the run `run_key` (or an unkeyed report) to the model: the run's
+/// previous observation, if any, is replaced (see [`crate::Scheduler::observe_run`]).
+pub fn observe_run(
+    config: &SchedulerConfig,
+    state: &mut ModelState,
+    run_key: Option<&str>,
+    run: &RunObservation,
+    now: Timestamp,
+) -> Result<Feedback, ObserveError> {
+    let m = measure(run)?;
+    let (actual, weight, raw_x) = (m.actual_seconds, m.weight, m.log_per_unit);
     let now = finite("now", now)?;
-    let work = run.work_units.unwrap_or(1.0);
     let key = run.profile.key();
-    let raw_x = (actual / work).ln();
+    let previous = match run_key.and_then(|k| state.ledger.get(k).map(|e| (k, e))) {
+        Some((k, e)) if e.completed || e.end > run.end => {
+            return Err(ObserveError::Stale {
+                key: k.to_owned(),
+                held: if e.completed { "final" } else { "newer" },
+            });
+        }
+        Some((_, e)) => Some(e.clone()),
+        None => None,
+    };
+    if let Some(e) = &previous {
+        withdraw(state, e);
+    }
+    let id = run_key.map_or(0, crate::runs::run_id);
 
     // Bounded influence: clip around the current node prediction.
     let class_key = class_key(&run.class, run.gpus).into_owned();
@@ -177,7 +264,27 @@ pub fn observe(
         x,
         w: weight,
         t: run.end,
+        run: id,
     };
+    if let Some(k) = run_key {
+        let entry = RunEntry {
+            class_key: class_key.clone(),
+            node: run.node.clone(),
+            profile_key: key.clone(),
+            id,
+            end: run.end,
+            completed: run.completed,
+            seq: 0,
+        };
+        for gone in state.ledger.insert(k, entry, config.max_tracked_runs) {
+            // A run forgotten while in progress must not linger as half a run.
+            if !gone.completed {
+                withdraw(state, &gone);
+            }
+        }
+    }
+    // A replaced snapshot's node is re-judged from its window below, never counted twice.
+    let replaced_node = previous.map(|e| e.node);
 
     let window = config.history_window;
     let class = state.classes.entry(class_key.clone()).or_default();
@@ -241,6 +348,15 @@ pub fn observe(
         for (name, cell) in &mut class.nodes {
             rejudge(cell, ln_ref, now, half_life);
             touched.push(name.clone());
+        }
+    } else if let Some(name) = replaced_node {
+        for n in [name, run.node.clone()] {
+            if let Some(cell) = class.nodes.get_mut(&n)
+                && !touched.contains(&n)
+            {
+                rejudge(cell, ln_ref, now, half_life);
+                touched.push(n);
+            }
         }
     } else if let Some(cell) = class.nodes.get_mut(&run.node) {
         let d = decay(now - cell.t_ref, half_life);

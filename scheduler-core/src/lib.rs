@@ -19,7 +19,7 @@
 //! | §2.2 step 6 | [`place`] | one node, or k gang slots together with an expiry |
 //! | §2.3 step 3 | [`feedback`] | actual time, model update, actual review, third queue |
 //!
-//! Start with [`Scheduler::rank`] and [`Scheduler::observe`].
+//! Start with [`Scheduler::rank`] and [`Scheduler::observe_run`].
 //!
 //! Rejected nodes carry a [`RejectionKind`] ([`RejectionKind::is_permanent`] marks the
 //! mismatches an extender reports as unresolvable); predictions take the pod's GPU count into
@@ -41,6 +41,7 @@ pub mod prior;
 pub mod queue;
 mod rank;
 pub mod review;
+mod runs;
 pub mod score;
 mod transfer;
 pub mod types;
@@ -132,6 +133,19 @@ impl Scheduler {
         now: Timestamp,
     ) -> Result<Feedback, ObserveError> {
         feedback::observe(&self.config, &mut self.state, run, now)
+    }
+
+    /// Step 7 for a run identified by `run_key` (its ID, the same in every report of the run):
+    /// an in-progress snapshot replaces the run's earlier one, and the final report replaces
+    /// them all, so each run counts once however often it reports. Stale snapshots (older than
+    /// the one held, or after the final report) are rejected with [`ObserveError::Stale`].
+    pub fn observe_run(
+        &mut self,
+        run_key: &str,
+        run: &RunObservation,
+        now: Timestamp,
+    ) -> Result<Feedback, ObserveError> {
+        feedback::observe_run(&self.config, &mut self.state, Some(run_key), run, now)
     }
 
     /// The current prediction for `(class, node, profile)` without a pod (metrics, MAPE).

@@ -24,6 +24,12 @@
 //! shape without runs borrows the level of the same class at the nearest GPU count, scaled by
 //! `g^-0.9` with an uncertainty that grows with the ratio of the counts.
 //!
+//! **Exploration guarantee.** A spec-sheet prior, or a speed factor learned from other classes,
+//! can be wrong by 20x for one class. Until a class has `explore_runs` runs on a device profile,
+//! its prediction there carries the prior's whole range (`ln 20`) as its uncertainty, so the
+//! exploring score tries every profile that could be fastest a few times, wherever the prior
+//! ranks it; then the class's own runs decide.
+//!
 //! Each cell keeps a window of its newest runs and a robust location: weighted median, then a
 //! few Huber iterations with a MAD scale shrunk toward a prior scale. One straggler moves the
 //! estimate by at most a clipped residual divided by the runs, and a window forgets drift.
@@ -46,7 +52,8 @@ const HUBER_K: f64 = 1.5;
 /// Node-to-node spread (log sd) within a device profile, for blending own history with the pool.
 pub(crate) const NODE_SPREAD: f64 = 0.1;
 /// Ridge weight of the capability prior on each profile effect, in runs.
-pub(crate) const PROFILE_PRIOR_WEIGHT: f64 = 0.5;
+/// Weak: the prior can be wrong by 20x, so a couple of runs outweigh it.
+pub(crate) const PROFILE_PRIOR_WEIGHT: f64 = 0.1;
 /// Prior spread of the class x profile interaction and its pseudo-count (in cells).
 pub(crate) const PRIOR_INTERACTION_SD: f64 = 0.3;
 pub(crate) const PRIOR_INTERACTION_WEIGHT: f64 = 2.0;
@@ -55,6 +62,11 @@ pub(crate) const SIMILAR_PRIOR_WEIGHT: f64 = 0.5;
 /// Full recomputation period of the similar-class tables, in runs (the observed class's table is
 /// recomputed on every run).
 pub(crate) const SIMILAR_FULL_EVERY: u64 = 64;
+/// Log sd of a (class, profile) prediction until the class has `explore_runs` runs on the
+/// profile: the prior's whole range, ln(20), at one standard deviation. Every such cell's
+/// optimistic (UCB, c >= 1) time is then at least 20x better than its prediction, so it is tried
+/// whatever the prior or the other classes say, and only a few times.
+pub(crate) const UNTRIED_LOG_SD: f64 = 2.995_732_273_553_991; // ln(20)
 /// Log sd of the level of a class never seen.
 const UNSEEN_CLASS_LOG_SD: f64 = 1.5;
 /// Assumed exponent of the speed-up with the pod's GPU count (time ~ gpus^-s) when a class is
@@ -149,6 +161,13 @@ pub(crate) struct Obs {
     pub w: f64,
     /// When it was observed.
     pub t: f64,
+    /// The run it belongs to ([`crate::runs::run_id`] of its key), 0 for an unkeyed report.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub run: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// Robust location and scale of a window of runs.
@@ -183,6 +202,18 @@ impl Window {
         }
         self.obs.push_back(obs);
         self.est = robust_estimate(&self.obs);
+    }
+
+    /// Withdraws the observation of run `id` (a snapshot being replaced); false when the window
+    /// no longer holds it.
+    pub fn remove_run(&mut self, id: u64) -> bool {
+        let before = self.obs.len();
+        self.obs.retain(|o| o.run != id);
+        let removed = self.obs.len() != before;
+        if removed {
+            self.est = robust_estimate(&self.obs);
+        }
+        removed
     }
 }
 
@@ -289,6 +320,9 @@ pub struct ModelState {
     pub(crate) profile_effects: BTreeMap<String, ProfileEffect>,
     pub(crate) interaction_sd: Option<f64>,
     pub(crate) runs: u64,
+    /// Keyed runs and the observation each currently contributes (see [`crate::runs`]).
+    #[serde(default)]
+    pub(crate) ledger: crate::runs::RunLedger,
 }
 
 impl ModelState {
@@ -301,6 +335,11 @@ impl ModelState {
     /// Runs observed in total.
     pub fn runs(&self) -> u64 {
         self.runs
+    }
+
+    /// Keyed runs the model currently remembers (at most `max_tracked_runs`).
+    pub fn tracked_runs(&self) -> usize {
+        self.ledger.len()
     }
 
     /// Runs (effective weight, rounded down) of a class on a node (one-GPU pods; pass `class#g`
@@ -494,9 +533,9 @@ pub(crate) fn predict_profile(
             }
         }
     };
-    match class.and_then(|c| c.cells.get(key)) {
-        Some(cell) if cell.window.est.n > 0.0 => {
-            let est = cell.window.est;
+    let cell = class.and_then(|c| c.cells.get(key)).map(|c| c.window.est);
+    let mut pred = match cell {
+        Some(est) if est.n > 0.0 => {
             let (mean, sd) = precision_blend(est.mean, est.se(), base.mean, base.sd);
             LogPrediction {
                 mean,
@@ -508,7 +547,13 @@ pub(crate) fn predict_profile(
             }
         }
         _ => base,
+    };
+    // The exploration guarantee (see the module docs): untried cells keep the prior's range.
+    let runs = cell.map_or(0.0, |e| e.n);
+    if runs + 1e-9 < f64::from(config.explore_runs) {
+        pred.sd = pred.sd.max(UNTRIED_LOG_SD);
     }
+    pred
 }
 
 /// Node-level prediction: the profile prediction refined by the node's own runs.
@@ -546,7 +591,14 @@ mod tests {
     use super::*;
 
     fn window(xs: &[f64]) -> VecDeque<Obs> {
-        xs.iter().map(|&x| Obs { x, w: 1.0, t: 0.0 }).collect()
+        xs.iter()
+            .map(|&x| Obs {
+                x,
+                w: 1.0,
+                t: 0.0,
+                run: 0,
+            })
+            .collect()
     }
 
     #[test]
@@ -601,6 +653,7 @@ mod tests {
                     x: f64::from(i),
                     w: 1.0,
                     t: 0.0,
+                    run: 0,
                 },
                 4,
             );

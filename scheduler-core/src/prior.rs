@@ -12,6 +12,10 @@
 //! A table key matches when it occurs in the lower-cased, alphanumeric-only model name; the longest
 //! matching key wins (so `A100` is not read as `A10`). Unknown models get the neutral speed 1.0 and
 //! a wider uncertainty. Nothing else in the crate treats any model specially.
+//!
+//! The prior's uncertainty says honestly how wrong it can be: a factor [`PRIOR_RANGE`] (20) for
+//! some workloads. It therefore ranks devices before any data, but it never decides on its own
+//! which devices a class is tried on: see the exploration guarantee in [`crate::predict`].
 
 use std::collections::BTreeMap;
 
@@ -41,10 +45,13 @@ const SPECS: &[(&str, f64, f64)] = &[
 const V100_TFLOPS: f64 = 15.7;
 const V100_GBPS: f64 = 900.0;
 
-/// Log-space standard deviation of a prior from the table (specifications rank devices only roughly).
-pub const KNOWN_PRIOR_LOG_SD: f64 = 0.6;
+/// How far off a spec-sheet speed can be for some workload: a factor 20 either way (Gavel's
+/// V100/K80 speed-ups alone run from 0.66x to 11.6x, against 2.1x from the specifications).
+pub const PRIOR_RANGE: f64 = 20.0;
+/// Log-space standard deviation of a prior from the table: `PRIOR_RANGE` is its 95% bound.
+pub const KNOWN_PRIOR_LOG_SD: f64 = 1.53; // ln(20) / 1.96
 /// Log-space standard deviation of the neutral prior for an unknown model.
-pub const UNKNOWN_PRIOR_LOG_SD: f64 = 1.0;
+pub const UNKNOWN_PRIOR_LOG_SD: f64 = 2.0;
 
 /// A relative speed and whether it came from a table (built-in or configured) or is neutral.
 #[derive(Clone, Copy, Debug, PartialEq)]

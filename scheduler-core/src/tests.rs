@@ -317,8 +317,11 @@ fn closed_loop_settles_on_the_fastest_type() {
     }
     let last: Vec<&str> = chosen[20..].iter().map(String::as_str).collect();
     assert!(last.iter().all(|m| *m == "P100"), "{chosen:?}");
+    // The exploration guarantee tries every type `explore_runs` times (the prior may be wrong
+    // by 20x), and no more once the runs say it is slow.
+    let explore = SchedulerConfig::default().explore_runs as usize;
     assert!(
-        chosen.iter().filter(|m| *m == "K80").count() <= 1,
+        chosen.iter().filter(|m| *m == "K80").count() <= explore,
         "{chosen:?}"
     );
 }

@@ -242,11 +242,13 @@ pub struct RunObservation {
     pub end: Timestamp,
     /// Whether the run finished.
     pub completed: bool,
-    /// Fraction done, in (0, 1], required while in progress.
+    /// Fraction done, in (0, 1]; a run in progress needs it or `work_units`.
     pub progress: Option<f64>,
     /// Seconds the devices were busy, if measured.
     pub gpu_busy_seconds: Option<f64>,
-    /// Work done (whole run), in units of the class.
+    /// Work done by `end`, in units of the class: the whole run's in a final report, the work
+    /// done so far in an in-progress snapshot (`kudos.dev/progress`). Time per unit is learned
+    /// from it directly, with no declared total needed.
     pub work_units: Option<f64>,
 }
 

@@ -1,5 +1,5 @@
 //! Learning test of the first model on real throughputs (Gavel, Narayanan et al., OSDI 2020,
-//! MIT licence; see `shared/data/README.md`).
+//! MIT licence; see `simulator/data/README.md`; `$KUDOS_DATA_DIR` or the embedded copy).
 //!
 //! * **Class = job type x scale factor** (one CSV row). A model family mixes batch sizes whose
 //!   per-step times differ several-fold and whose GPU speed ratios differ too (V100/K80 from 0.66x
@@ -13,7 +13,7 @@
 //!
 //! Skips (with a message) when the data set is missing.
 
-use std::path::PathBuf;
+mod common;
 
 use kudos_scheduler_core::{
     DeviceProfile, PredictionSource, RunObservation, Scheduler, SchedulerConfig,
@@ -28,22 +28,9 @@ struct Data {
     classes: Vec<(String, Vec<Option<f64>>)>,
 }
 
-fn data_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("KUDOS_DATA_DIR").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"),
-        PathBuf::from,
-    );
-    dir.join("gavel/isolated_throughputs.csv")
-        .is_file()
-        .then_some(dir)
-}
-
 fn load() -> Option<Data> {
-    let Some(dir) = data_dir() else {
-        println!("SKIP: gavel/isolated_throughputs.csv not found (set KUDOS_DATA_DIR)");
-        return None;
-    };
-    let mut rd = csv::Reader::from_path(dir.join("gavel/isolated_throughputs.csv")).ok()?;
+    let text = common::gavel_table();
+    let mut rd = csv::Reader::from_reader(text.as_bytes());
     let headers = rd.headers().ok()?.clone();
     let col = |name: &str| headers.iter().position(|h| h == name);
     let (job, scale) = (col("job_type")?, col("scale_factor")?);

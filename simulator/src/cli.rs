@@ -5,7 +5,8 @@
 
 use crate::cluster::{self, Cluster, ClusterShape};
 use crate::data::{self, paths};
-use crate::kudos::KudosOptions;
+use crate::events::{Event, EventSpec};
+use crate::kudos::{InfoMode, KudosOptions};
 use crate::policy::POLICY_NAMES;
 use crate::throughput::ThroughputTable;
 use crate::workload::{WorkloadConfig, WorkloadKind};
@@ -30,7 +31,7 @@ pub enum WorkloadName {
 #[command(
     name = "kudos-sim",
     version,
-    about = "Trace-driven simulator of a heterogeneous GPU cluster: compares Kudos with kube-scheduler's default, random, a static fastest-type preference and an oracle on measured throughputs.",
+    about = "Trace-driven simulator of a heterogeneous GPU cluster: compares Kudos with kube-scheduler's default, random, a static fastest-type preference and a greedy oracle (knows true throughputs, places each job where it finishes first; not a bound) on measured throughputs.",
     after_help = "With no arguments: a B1 comparison of all policies on 108 GPUs (9 nodes x 4 GPUs per type) from data compiled into the binary. Data: Gavel (Narayanan et al., OSDI 2020, MIT), Philly (CC-BY-4.0), Alibaba PAI (CC-BY-4.0); see simulator/data/README.md."
 )]
 pub struct Args {
@@ -40,7 +41,7 @@ pub struct Args {
     /// Directory holding the full data sets (layout of shared/data: gavel/, alibaba_*/). Without it the embedded extracts are used.
     #[arg(long, env = "KUDOS_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Throughput table in the layout of Gavel's isolated_throughputs.csv (GPU type names are taken from its `<gpu>_steps_per_s` headers). Default: from --data-dir, else embedded.
+    /// Throughput table in the layout of Gavel's isolated_throughputs.csv (GPU type names are taken from its `<gpu>_steps_per_s` headers), or `builtin:gavel` / `builtin:spec` (the second, spec-modelled table: T4, A10, A100, H100, L40S). Default: from --data-dir, else embedded Gavel.
     #[arg(long, value_name = "FILE")]
     pub throughputs: Option<PathBuf>,
     /// Cluster shape: `per-type:NxG` (N nodes of G GPUs for every GPU type of the table; per-type:36x1 is Gavel's 108 one-GPU nodes), `TYPE=NxG,...`, or `alibaba[:FILE]` (Alibaba 2023 node list).
@@ -58,14 +59,14 @@ pub struct Args {
     /// Sweep these arrival rates (comma-separated jobs/hour) and write an SVG plot of average JCT per policy.
     #[arg(long, value_delimiter = ',', value_name = "RATES")]
     pub sweep: Option<Vec<f64>>,
-    /// Seeds; each (rate, policy) is run once per seed and averaged.
-    #[arg(long, value_delimiter = ',', default_value = "0")]
-    pub seeds: Vec<u64>,
-    /// Policies to compare: kube-default, random, fastest-type, kudos, oracle.
+    /// Seeds; each (rate, policy) is run once per seed and averaged. Default: 0 for a single rate, 0-9 for a sweep (published tables use 10 seeds).
+    #[arg(long, value_delimiter = ',')]
+    pub seeds: Option<Vec<u64>>,
+    /// Policies to compare: kube-default, random, fastest-type, kudos, greedy-oracle (`oracle` is accepted for it).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "kube-default,random,fastest-type,kudos,oracle"
+        default_value = "kube-default,random,fastest-type,kudos,greedy-oracle"
     )]
     pub policies: Vec<String>,
     /// B0: draw GPU counts 1/2/4/8 with probability 0.70/0.10/0.15/0.05 (default: single-GPU jobs).
@@ -89,9 +90,21 @@ pub struct Args {
     /// Label each pod's class with its job type (model and batch size) instead of its model family, to see what finer class labels would give Kudos.
     #[arg(long)]
     pub class_by_job_type: bool,
-    /// Do not declare each job's step count to Kudos as its work (kudos.dev/work); Kudos then predicts from the class alone.
-    #[arg(long)]
+    /// What Kudos is told about each job's size: `declared` (each pod declares its total steps, kudos.dev/work), `progress` (running jobs report steps done so far at 1 h, 2 h, 4 h, ... and at the end; nothing declared) or `none` (start and end times only).
+    #[arg(long, value_enum, default_value_t = InfoMode::Declared)]
+    pub info: InfoMode,
+    /// Same as `--info none` (kept for older command lines).
+    #[arg(long, hide = true)]
     pub no_work: bool,
+    /// A mid-run event (repeatable): `slow:NODE@HOURS:FACTOR` (runs starting on NODE from then on take FACTOR times longer), `join:TYPE=NxG@HOURS` (N nodes of G GPUs of TYPE join), `class:FAMILY@HOURS:FACTOR` (runs of a model family take FACTOR times longer everywhere).
+    #[arg(long = "event", value_name = "EVENT")]
+    pub events: Vec<String>,
+    /// Start Kudos from the learned state saved by an earlier run (`--state-out`) instead of an empty history.
+    #[arg(long, value_name = "FILE")]
+    pub state_in: Option<PathBuf>,
+    /// Write Kudos' learned state after the last kudos run (last rate, last seed) to FILE, as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub state_out: Option<PathBuf>,
     /// scheduler-core configuration for the kudos policy, as JSON (`SchedulerConfig`; omitted fields keep their defaults), e.g. {"threshold_factor": 1.1}.
     #[arg(long, value_name = "FILE")]
     pub kudos_config: Option<PathBuf>,
@@ -134,6 +147,10 @@ pub struct Settings {
     pub plot: PathBuf,
     /// Per-job CSV path.
     pub jobs_csv: Option<PathBuf>,
+    /// Mid-run events, sorted by time (joining nodes are in `cluster`, offline).
+    pub events: Vec<Event>,
+    /// Where to write Kudos' learned state.
+    pub state_out: Option<PathBuf>,
     /// Explicit measurement window.
     pub window: Option<Range<usize>>,
     /// A trace is replayed: the rate does not apply.
@@ -173,6 +190,14 @@ impl Settings {
             bail!("--data-dir {} is not a directory", d.display());
         }
         let (text, tfile) = match &a.throughputs {
+            Some(p) if p.as_os_str() == "builtin:gavel" => (
+                data::EMBEDDED_THROUGHPUTS.to_owned(),
+                "embedded isolated_throughputs.csv".to_owned(),
+            ),
+            Some(p) if p.as_os_str() == "builtin:spec" => (
+                data::EMBEDDED_SPEC_THROUGHPUTS.to_owned(),
+                "embedded spec_throughputs.csv (modelled from GPU specs)".to_owned(),
+            ),
             Some(p) => (data::read(p)?, p.display().to_string()),
             None => load(dir, paths::THROUGHPUTS, data::EMBEDDED_THROUGHPUTS)?,
         };
@@ -208,6 +233,29 @@ impl Settings {
             }
         };
 
+        let mut cluster = cluster;
+        let specs = a
+            .events
+            .iter()
+            .map(|e| {
+                e.parse::<EventSpec>()
+                    .map_err(|m| anyhow::anyhow!("--event {e:?}: {m}"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let events =
+            crate::events::resolve(&specs, &mut cluster, &table).map_err(|m| anyhow::anyhow!(m))?;
+        let state_in = match &a.state_in {
+            Some(p) => {
+                let text = data::read(p)?;
+                let state: kudos_scheduler_core::ModelState = serde_json::from_str(&text)
+                    .with_context(|| {
+                        format!("--state-in {}: not a Kudos state file", p.display())
+                    })?;
+                sources.push_str(&format!(", kudos state: {}", p.display()));
+                Some(state)
+            }
+            None => None,
+        };
         let reference_gpu = match &a.reference_gpu {
             Some(n) => table.gpu_index(n).with_context(|| {
                 format!(
@@ -274,12 +322,29 @@ impl Settings {
         if a.workload != WorkloadName::B2 && rates.iter().any(|r| !(r.is_finite() && *r > 0.0)) {
             bail!("arrival rates must be positive");
         }
-        for p in &a.policies {
+        // `oracle` is the greedy oracle's older name.
+        let policies: Vec<String> = a
+            .policies
+            .iter()
+            .map(|p| {
+                if p == "oracle" {
+                    "greedy-oracle".to_owned()
+                } else {
+                    p.clone()
+                }
+            })
+            .collect();
+        for p in &policies {
             if !POLICY_NAMES.contains(&p.as_str()) {
                 bail!("unknown policy {p:?} (known: {})", POLICY_NAMES.join(", "));
             }
         }
-        if a.seeds.is_empty() || a.policies.is_empty() {
+        let seeds = match &a.seeds {
+            Some(s) => s.clone(),
+            None if a.sweep.is_some() => (0..10).collect(),
+            None => vec![0],
+        };
+        if seeds.is_empty() || policies.is_empty() {
             bail!("need at least one seed and one policy");
         }
         let preference = match &a.prefer {
@@ -327,14 +392,17 @@ impl Settings {
             } else {
                 rates
             },
-            seeds: a.seeds.clone(),
-            policies: a.policies.clone(),
+            seeds,
+            policies,
             preference,
             kudos: KudosOptions {
                 config: kudos_config,
-                declare_work: !a.no_work,
+                info: if a.no_work { InfoMode::None } else { a.info },
+                state_in,
                 class_by_job_type: a.class_by_job_type,
             },
+            events,
+            state_out: a.state_out.clone(),
             json: a.json,
             plot: a.plot.clone(),
             jobs_csv: a.jobs_csv.clone(),
@@ -365,7 +433,43 @@ impl Settings {
     }
 
     fn cluster_text(&self) -> String {
-        let types: Vec<String> = (0..self.table.gpu_types.len())
+        format!(
+            "{} nodes, {} GPUs ({}), largest node {} GPUs{}",
+            self.cluster.nodes.len(),
+            self.cluster.total_gpus(),
+            self.cluster_types(),
+            self.cluster.max_node_gpus,
+            self.cluster_note
+        )
+    }
+
+    /// The sweep plot's title: workload, information mode, table, cluster and seeds.
+    pub fn plot_title(&self) -> String {
+        let table = self
+            .sources
+            .split(", ")
+            .next()
+            .unwrap_or("")
+            .trim_start_matches("throughputs: ");
+        let seeds = match (self.seeds.first(), self.seeds.last()) {
+            (Some(a), Some(b)) if self.seeds.len() > 1 => {
+                format!("{} seeds ({a}..{b})", self.seeds.len())
+            }
+            (Some(a), _) => format!("seed {a}"),
+            _ => String::new(),
+        };
+        format!(
+            "{}, info: {}, {} jobs; table: {table}; {} GPUs ({}); {seeds}",
+            self.workload_name(),
+            self.kudos.info.name(),
+            self.workload.jobs,
+            self.cluster.total_gpus(),
+            self.cluster_types()
+        )
+    }
+
+    fn cluster_types(&self) -> String {
+        (0..self.table.gpu_types.len())
             .filter(|g| self.cluster.total_of_type(*g) > 0)
             .map(|g| {
                 format!(
@@ -374,29 +478,22 @@ impl Settings {
                     self.table.gpu_types[g]
                 )
             })
-            .collect();
-        format!(
-            "{} nodes, {} GPUs ({}), largest node {} GPUs{}",
-            self.cluster.nodes.len(),
-            self.cluster.total_gpus(),
-            types.join(" + "),
-            self.cluster.max_node_gpus,
-            self.cluster_note
-        )
+            .collect::<Vec<_>>()
+            .join(" + ")
     }
 
     /// A one-paragraph header for the table.
     pub fn describe_text(&self) -> String {
         let w = self.window_for(self.workload.jobs);
         format!(
-            "kudos-sim: workload {}, {} jobs (JCT over jobs {}..{}), noise sigma {:.4}, work declared to Kudos: {}, class: {}\n\
+            "kudos-sim: workload {}, {} jobs (JCT over jobs {}..{}), noise sigma {:.4}, information given to Kudos: {}, class: {}\n\
              cluster: {}\n{}\n",
             self.workload_name(),
             self.workload.jobs,
             w.start,
             w.end,
             self.workload.noise_sigma,
-            if self.kudos.declare_work { "yes" } else { "no" },
+            self.kudos.info.name(),
             if self.kudos.class_by_job_type {
                 "job type"
             } else {
@@ -423,7 +520,8 @@ impl Settings {
             "window": [w.start, w.end],
             "noise_sigma": self.workload.noise_sigma,
             "reference_gpu": self.table.gpu_types[self.workload.reference_gpu],
-            "declare_work": self.kudos.declare_work,
+            "info": self.kudos.info.name(),
+            "events": self.events.len(),
             "class_by_job_type": self.kudos.class_by_job_type,
             "cluster": self.cluster_text(),
             "sources": self.sources,

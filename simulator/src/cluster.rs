@@ -18,8 +18,27 @@ pub struct Node {
     pub gpu_type: usize,
     /// GPUs on the node.
     pub total: u32,
-    /// GPUs not allocated.
+    /// GPUs not allocated (0 while the node has not joined).
     pub free: u32,
+    /// Speed multiplier of the node's GPUs for runs that start now (1 = as measured; a
+    /// `slow` event sets 1/3 for a 3x slowdown). Hidden from every policy but the oracle.
+    pub speed: f64,
+    /// The node is part of the cluster (a `join` event brings a node online later).
+    pub online: bool,
+}
+
+impl Node {
+    /// An online node with every GPU free, at measured speed.
+    pub fn new(name: String, gpu_type: usize, total: u32) -> Self {
+        Node {
+            name,
+            gpu_type,
+            total,
+            free: total,
+            speed: 1.0,
+            online: true,
+        }
+    }
 }
 
 /// The nodes and their allocation state.
@@ -154,12 +173,7 @@ impl Cluster {
         let mut nodes = Vec::new();
         for (t, n, g) in groups {
             for i in 0..n {
-                nodes.push(Node {
-                    name: format!("{}-{i:03}", table.gpu_types[t]),
-                    gpu_type: t,
-                    total: g,
-                    free: g,
-                });
+                nodes.push(Node::new(format!("{}-{i:03}", table.gpu_types[t]), t, g));
             }
         }
         Ok(Cluster::new(nodes, table.gpu_types.len()))
@@ -185,12 +199,7 @@ impl Cluster {
                     n.model, table.gpu_types
                 )
             })?;
-            nodes.push(Node {
-                name: n.name.clone(),
-                gpu_type: t,
-                total: n.gpus,
-                free: n.gpus,
-            });
+            nodes.push(Node::new(n.name.clone(), t, n.gpus));
         }
         if nodes.is_empty() {
             return Err(
@@ -232,6 +241,39 @@ impl Cluster {
         );
         n.free -= gpus;
         self.free_by_type[n.gpu_type] -= gpus;
+    }
+
+    /// Adds `count` offline nodes of `gpus` GPUs of `gpu_type`, named `<type>-join-<k>`, that
+    /// come online with [`Cluster::bring_online`]. Returns their indices.
+    pub fn add_offline(
+        &mut self,
+        gpu_type: usize,
+        name: &str,
+        count: u32,
+        gpus: u32,
+    ) -> Vec<usize> {
+        let mut added = Vec::new();
+        for k in 0..count {
+            let mut n = Node::new(format!("{name}-join-{k:03}"), gpu_type, gpus);
+            n.free = 0;
+            n.online = false;
+            self.total_by_type[gpu_type] += gpus;
+            self.max_node_gpus = self.max_node_gpus.max(gpus);
+            self.nodes.push(n);
+            added.push(self.nodes.len() - 1);
+        }
+        added
+    }
+
+    /// Brings an offline node online with all its GPUs free.
+    pub fn bring_online(&mut self, i: usize) {
+        let n = &mut self.nodes[i];
+        if n.online {
+            return;
+        }
+        n.online = true;
+        n.free = n.total;
+        self.free_by_type[n.gpu_type] += n.total;
     }
 
     /// Returns `gpus` to node `i`.

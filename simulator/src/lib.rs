@@ -16,9 +16,11 @@ pub mod cli;
 pub mod cluster;
 pub mod data;
 pub mod error;
+pub mod events;
 pub mod kudos;
 pub mod metrics;
 pub mod output;
+pub mod plot;
 pub mod policy;
 pub mod sim;
 pub mod throughput;
@@ -30,6 +32,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use metrics::Metrics;
 use output::Cell;
 use policy::Policy;
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -70,7 +73,7 @@ pub fn make_policy(name: &str, s: &Settings, seed: u64) -> anyhow::Result<Box<dy
         "kudos" => Box::new(kudos::KudosPolicy::new(
             &s.cluster, &s.table, seed, &s.kudos,
         )),
-        "oracle" => Box::new(policy::Oracle::new(pseed)),
+        "greedy-oracle" | "oracle" => Box::new(policy::Oracle::new(pseed)),
         other => anyhow::bail!(
             "unknown policy {other:?} (known: {})",
             policy::POLICY_NAMES.join(", ")
@@ -90,7 +93,19 @@ pub fn simulate_run(
     wl.rate_per_hour = rate;
     let jobs = workload::generate(&wl, &s.table, seed);
     let mut p = make_policy(policy, s, seed)?;
-    let result = sim::simulate(&jobs, &s.table, s.cluster.clone(), p.as_mut(), on_done)?;
+    let result = sim::simulate_with_events(
+        &jobs,
+        &s.table,
+        s.cluster.clone(),
+        &s.events,
+        p.as_mut(),
+        on_done,
+    )?;
+    if let (Some(path), Some(state)) = (&s.state_out, p.learned_state()) {
+        let text = serde_json::to_string(&state)?;
+        std::fs::write(path, text)
+            .map_err(|e| anyhow::anyhow!("--state-out {}: {e}", path.display()))?;
+    }
     Ok((jobs, result))
 }
 
@@ -120,6 +135,9 @@ pub fn run(s: &Settings) -> anyhow::Result<()> {
     }
     let started = Instant::now();
     let mut shown = false;
+    // Without a terminal (CI, `nohup`, a pipe) the bar is invisible: print a line per run.
+    let plain = !std::io::stderr().is_terminal();
+    let mut done_runs = 0usize;
     let mut cells = Vec::new();
     let mut jobs_csv = match &s.jobs_csv {
         Some(p) => Some(output::jobs_writer(p)?),
@@ -143,7 +161,16 @@ pub fn run(s: &Settings) -> anyhow::Result<()> {
                 if let Some(w) = jobs_csv.as_mut() {
                     output::write_jobs(w, s, name, rate, seed, &jobs, &result)?;
                 }
-                per_seed.push(metrics::compute(&result, s.window_for(jobs.len())));
+                let m = metrics::compute(&result, s.window_for(jobs.len()));
+                done_runs += 1;
+                if plain {
+                    eprintln!(
+                        "[{done_runs}/{runs}] {name} @ {rate}/h seed {seed}: avg JCT {:.2} h ({:.0} s elapsed)",
+                        m.avg_jct_h,
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+                per_seed.push(m);
             }
             cells.push(Cell {
                 rate_per_hour: s.trace_replay.then_some(()).map_or(Some(rate), |_| None),
@@ -171,11 +198,7 @@ pub fn run(s: &Settings) -> anyhow::Result<()> {
         print!("{}", output::table(&cells));
     }
     if s.rates.len() > 1 {
-        output::plot(
-            &cells,
-            &s.plot,
-            &format!("Average JCT vs arrival rate ({})", s.workload_name()),
-        )?;
+        plot::plot(&cells, &s.plot, &s.plot_title())?;
         eprintln!("plot written to {}", s.plot.display());
     }
     Ok(())

@@ -4,7 +4,6 @@ use crate::cli::Settings;
 use crate::metrics::Metrics;
 use crate::sim::SimResult;
 use crate::workload::Job;
-use plotters::prelude::*;
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -33,6 +32,17 @@ fn opt_pct(v: Option<f64>) -> String {
     }
 }
 
+/// The lowest and highest per-seed average JCT.
+fn spread(c: &Cell) -> String {
+    let v = c.per_seed.iter().map(|m| m.avg_jct_h);
+    let (lo, hi) = v.fold((f64::INFINITY, 0.0f64), |(l, h), x| (l.min(x), h.max(x)));
+    if lo.is_finite() {
+        format!("{lo:.1}-{hi:.1}")
+    } else {
+        "-".into()
+    }
+}
+
 /// Renders the comparison table: one block per rate, one row per policy, with JCT ratios to
 /// kube-default and to the oracle when those policies ran.
 pub fn table(cells: &[Cell]) -> String {
@@ -51,7 +61,7 @@ pub fn table(cells: &[Cell]) -> String {
                 .find(|c| c.policy == name)
                 .map(|c| c.mean.avg_jct_h)
         };
-        let (kube, oracle) = (avg_of("kube-default"), avg_of("oracle"));
+        let (kube, oracle) = (avg_of("kube-default"), avg_of("greedy-oracle"));
         let jobs = block.first().map_or(0, |c| c.mean.jobs);
         let seeds = block.first().map_or(0, |c| c.seeds.len());
         match rate {
@@ -70,9 +80,10 @@ pub fn table(cells: &[Cell]) -> String {
         }
         let _ = writeln!(
             out,
-            "{:<13} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>6} {:>8} {:>8} {:>8} {:>7} {:>7}",
+            "{:<13} {:>8} {:>13} {:>8} {:>8} {:>8} {:>8} {:>9} {:>6} {:>8} {:>8} {:>8} {:>7} {:>9}",
             "policy",
             "avg JCT",
+            "seeds min-max",
             "p50",
             "p95",
             "p99",
@@ -83,7 +94,7 @@ pub fn table(cells: &[Cell]) -> String {
             "MAPE",
             "MAPE@5",
             "/kube",
-            "/oracle"
+            "/g-oracle"
         );
         for c in block {
             let m = &c.mean;
@@ -93,9 +104,10 @@ pub fn table(cells: &[Cell]) -> String {
             };
             let _ = writeln!(
                 out,
-                "{:<13} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9.1} {:>5.0}% {:>7.0}% {:>8} {:>8} {:>7} {:>7}",
+                "{:<13} {:>8.2} {:>13} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9.1} {:>5.0}% {:>7.0}% {:>8} {:>8} {:>7} {:>9}",
                 c.policy,
                 m.avg_jct_h,
+                spread(c),
                 m.p50_jct_h,
                 m.p95_jct_h,
                 m.p99_jct_h,
@@ -149,68 +161,6 @@ pub fn table(cells: &[Cell]) -> String {
         out.push('\n');
     }
     out
-}
-
-/// Writes an SVG of average JCT against arrival rate, one line per policy.
-pub fn plot(cells: &[Cell], path: &Path, title: &str) -> anyhow::Result<()> {
-    let mut policies: Vec<&str> = Vec::new();
-    for c in cells {
-        if !policies.contains(&c.policy.as_str()) {
-            policies.push(&c.policy);
-        }
-    }
-    let points = |p: &str| -> Vec<(f64, f64)> {
-        let mut v: Vec<(f64, f64)> = cells
-            .iter()
-            .filter(|c| c.policy == p)
-            .filter_map(|c| c.rate_per_hour.map(|r| (r, c.mean.avg_jct_h)))
-            .collect();
-        v.sort_by(|a, b| a.0.total_cmp(&b.0));
-        v
-    };
-    let xs: Vec<f64> = cells.iter().filter_map(|c| c.rate_per_hour).collect();
-    let (x0, x1) = (
-        xs.iter().copied().fold(f64::INFINITY, f64::min),
-        xs.iter().copied().fold(0.0, f64::max),
-    );
-    let y1 = cells.iter().map(|c| c.mean.avg_jct_h).fold(0.0, f64::max) * 1.05;
-    anyhow::ensure!(x0.is_finite() && y1 > 0.0, "nothing to plot");
-    let pad = ((x1 - x0) * 0.03).max(1e-3);
-    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(60)
-        .build_cartesian_2d((x0 - pad)..(x1 + pad), 0.0..y1)?;
-    chart
-        .configure_mesh()
-        .x_desc("arrival rate (jobs/hour)")
-        .y_desc("average JCT (hours)")
-        .draw()?;
-    for (k, p) in policies.iter().enumerate() {
-        let color = Palette99::pick(k).to_rgba();
-        let pts = points(p);
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
-            .label(*p)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart.draw_series(
-            pts.into_iter()
-                .map(|(x, y)| Circle::new((x, y), 3, color.filled())),
-        )?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()?;
-    root.present()?;
-    Ok(())
 }
 
 /// Opens the per-job CSV and writes its header.

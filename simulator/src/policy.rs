@@ -48,6 +48,20 @@ pub struct FinishedRun<'a> {
     pub end: f64,
 }
 
+/// An in-progress report of a running job, as a node agent sends it: work done so far.
+pub struct ProgressReport<'a> {
+    /// The job.
+    pub job: &'a Job,
+    /// Where it runs.
+    pub slots: &'a [(usize, u32)],
+    /// Start time, seconds.
+    pub start: f64,
+    /// Snapshot time, seconds.
+    pub now: f64,
+    /// Steps done by `now` (the workload's `kudos.dev/progress`).
+    pub work_done: f64,
+}
+
 /// A placement policy.
 pub trait Policy {
     /// Name shown in tables.
@@ -61,10 +75,26 @@ pub trait Policy {
     }
     /// Learns from a finished job; the default ignores it.
     fn observe(&mut self, _run: &FinishedRun<'_>, _ctx: &Ctx<'_>) {}
+    /// Whether the event loop should send in-progress reports of running jobs.
+    fn wants_progress(&self) -> bool {
+        false
+    }
+    /// Learns from an in-progress report; the default ignores it.
+    fn observe_progress(&mut self, _run: &ProgressReport<'_>, _ctx: &Ctx<'_>) {}
+    /// The learned state to carry into a later run (`--state-out`), if the policy learns.
+    fn learned_state(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 /// Names of the built-in policies, in table order.
-pub const POLICY_NAMES: [&str; 5] = ["kube-default", "random", "fastest-type", "kudos", "oracle"];
+pub const POLICY_NAMES: [&str; 5] = [
+    "kube-default",
+    "random",
+    "fastest-type",
+    "kudos",
+    "greedy-oracle",
+];
 
 /// Places greedily by a node score, breaking ties uniformly at random (as kube-scheduler does).
 ///
@@ -231,7 +261,8 @@ impl Policy for FastestType {
 /// Knows every job's true throughput and noise: places each job where it finishes earliest
 /// among the placements available now (the fastest free GPU type for its job type; for a gang,
 /// the best pace its slowest member can reach, on the slowest GPUs that reach it). Non-preemptive and
-/// without lookahead, like the others, so it bounds what better *placement* can achieve.
+/// without lookahead, like the others. It is *greedy per job*, not a bound: taking the fastest
+/// free GPU now can block a later job that needed it more, and Kudos can beat it.
 pub struct Oracle {
     rng: ChaCha8Rng,
 }
@@ -247,7 +278,7 @@ impl Oracle {
 
 impl Policy for Oracle {
     fn name(&self) -> &str {
-        "oracle"
+        "greedy-oracle"
     }
     fn place(&mut self, job: &Job, ctx: &Ctx<'_>) -> Option<Placement> {
         let (table, gang) = (ctx.table, ctx.gang);
@@ -255,6 +286,7 @@ impl Policy for Oracle {
             table
                 .throughput(job.job_type, job.gpus, n.gpu_type, gang)
                 .unwrap_or(0.0)
+                * n.speed
         };
         let slots = if gang {
             // The gang runs at its slowest member's pace: find the best pace reachable now,
@@ -294,8 +326,8 @@ impl Policy for Oracle {
 }
 
 /// The true run time of `job` on `slots`: steps over the throughput of the slowest member
-/// (consolidated on one node, unconsolidated across nodes), times the job's noise. `None` when
-/// some member's GPU type has no measured throughput for the job.
+/// (consolidated on one node, unconsolidated across nodes, times the node's speed), times the
+/// job's noise. `None` when some member's GPU type has no measured throughput for the job.
 pub fn true_runtime(
     job: &Job,
     slots: &[(usize, u32)],
@@ -305,7 +337,8 @@ pub fn true_runtime(
     let spread = slots.len() > 1;
     let mut slowest = f64::INFINITY;
     for &(i, _) in slots {
-        let t = table.throughput(job.job_type, job.gpus, cluster.nodes[i].gpu_type, spread)?;
+        let n = &cluster.nodes[i];
+        let t = table.throughput(job.job_type, job.gpus, n.gpu_type, spread)? * n.speed;
         slowest = slowest.min(t);
     }
     (slowest.is_finite() && slowest > 0.0).then(|| job.steps / slowest * job.noise)

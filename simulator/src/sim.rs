@@ -8,7 +8,8 @@
 //! gang), so policies never pay for hopeless attempts and a saturated queue stays cheap.
 
 use crate::cluster::Cluster;
-use crate::policy::{Ctx, FinishedRun, Policy, true_runtime};
+use crate::events::{Action, Event};
+use crate::policy::{Ctx, FinishedRun, Policy, ProgressReport, true_runtime};
 use crate::throughput::ThroughputTable;
 use crate::workload::Job;
 use std::cmp::Ordering;
@@ -77,23 +78,29 @@ pub struct InvalidPlacement {
     pub reason: String,
 }
 
+/// Something due at time `t` for job `id` (its end, or its `k`-th in-progress report), ordered
+/// for a min-heap on time, then id for determinism.
 #[derive(PartialEq)]
-struct Running {
-    end: f64,
+struct Due {
+    t: f64,
     id: usize,
+    k: u32,
 }
-impl Eq for Running {}
-impl Ord for Running {
+impl Eq for Due {}
+impl Ord for Due {
     fn cmp(&self, o: &Self) -> Ordering {
-        // Min-heap on end time, then id for determinism.
-        o.end.total_cmp(&self.end).then(o.id.cmp(&self.id))
+        o.t.total_cmp(&self.t).then(o.id.cmp(&self.id))
     }
 }
-impl PartialOrd for Running {
+impl PartialOrd for Due {
     fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
         Some(self.cmp(o))
     }
 }
+
+/// First in-progress report of a run, seconds after its start; later ones double the interval
+/// (1 h, 2 h, 4 h, ...), so a long run reports early and a bounded number of times.
+pub const FIRST_SNAPSHOT_S: f64 = 3600.0;
 
 /// Per-job facts the loop needs, computed once.
 struct JobInfo {
@@ -102,12 +109,37 @@ struct JobInfo {
     family: usize,
 }
 
+impl JobInfo {
+    fn ctx<'a>(&'a self, table: &'a ThroughputTable, cluster: &'a Cluster, now: f64) -> Ctx<'a> {
+        Ctx {
+            table,
+            cluster,
+            now,
+            feasible: &self.feasible,
+            gang: self.gang,
+        }
+    }
+}
+
 /// Runs `jobs` (sorted by arrival) on `cluster` under `policy`. `on_done` is called once per
 /// finished job (for progress bars).
 pub fn simulate(
     jobs: &[Job],
     table: &ThroughputTable,
+    cluster: Cluster,
+    policy: &mut dyn Policy,
+    on_done: &mut dyn FnMut(),
+) -> Result<SimResult, InvalidPlacement> {
+    simulate_with_events(jobs, table, cluster, &[], policy, on_done)
+}
+
+/// [`simulate`] with mid-run `events` (sorted by time; see [`crate::events`]). Policies that
+/// ask for progress ([`Policy::wants_progress`]) get in-progress reports of running jobs.
+pub fn simulate_with_events(
+    jobs: &[Job],
+    table: &ThroughputTable,
     mut cluster: Cluster,
+    events: &[Event],
     policy: &mut dyn Policy,
     on_done: &mut dyn FnMut(),
 ) -> Result<SimResult, InvalidPlacement> {
@@ -162,57 +194,108 @@ pub fn simulate(
         }
     };
 
+    let progress = policy.wants_progress();
+    let mut snapshots: BinaryHeap<Due> = BinaryHeap::new();
+    let mut next_event = 0usize;
+    let mut run_factor = vec![1.0f64; table.job_types.len()];
+    let mut runtimes = vec![0.0f64; jobs.len()];
+
     loop {
         let t_arr = jobs.get(next_arrival).map(|j| j.arrival);
-        let t_done = running.peek().map(|r: &Running| r.end);
-        let (now, candidates): (f64, Vec<usize>) = match (t_arr, t_done) {
-            (_, Some(d)) if t_arr.is_none_or(|a| d <= a) => {
-                let Some(r) = running.pop() else { break };
-                let job = &jobs[r.id];
-                for &(i, g) in &slots_of[r.id] {
-                    cluster.release(i, g);
-                }
-                let rec = records[r.id].as_ref().expect("running jobs have records");
-                let fam = infos[r.id].family;
-                let mut types: Vec<usize> = slots_of[r.id]
-                    .iter()
-                    .map(|s| cluster.nodes[s.0].gpu_type)
-                    .collect();
-                types.sort_unstable();
-                types.dedup();
-                for g in types {
-                    runs_seen[fam * n_types + g] += 1;
-                }
-                let ctx = Ctx {
-                    table,
-                    cluster: &cluster,
-                    now: d,
-                    feasible: &infos[r.id].feasible,
-                    gang: infos[r.id].gang,
-                };
-                policy.observe(
-                    &FinishedRun {
-                        job,
-                        slots: &slots_of[r.id],
-                        start: rec.start,
-                        end: rec.end,
-                    },
-                    &ctx,
-                );
-                on_done();
-                (d, queue.iter().copied().collect())
+        let t_done = running.peek().map(|r: &Due| r.t);
+        let t_next = match (t_arr, t_done) {
+            (Some(a), Some(d)) => Some(a.min(d)),
+            (a, d) => a.or(d),
+        };
+        // Events happen before arrivals and completions at the same time; an event after the
+        // last one still matters while jobs wait (they may be waiting for joining nodes).
+        let mut retry_at = None;
+        if let Some(ev) = events.get(next_event)
+            && t_next.map_or(!queue.is_empty(), |t| ev.at <= t)
+        {
+            next_event += 1;
+            if !apply_event(ev, &mut cluster, &mut run_factor) {
+                continue;
             }
-            (Some(a), _) => {
-                let id = next_arrival;
-                next_arrival += 1;
-                if !placeable(&jobs[id], &infos[id], &cluster) {
+            retry_at = Some(ev.at);
+        }
+        if let Some(sn) = snapshots.peek()
+            && retry_at.is_none()
+            && t_next.is_some_and(|t| sn.t < t)
+        {
+            let Some(sn) = snapshots.pop() else { break };
+            let rec = records[sn.id]
+                .as_ref()
+                .expect("snapshots are of running jobs");
+            let job = &jobs[sn.id];
+            let ctx = infos[sn.id].ctx(table, &cluster, sn.t);
+            policy.observe_progress(
+                &ProgressReport {
+                    job,
+                    slots: &slots_of[sn.id],
+                    start: rec.start,
+                    now: sn.t,
+                    work_done: job.steps * (sn.t - rec.start) / runtimes[sn.id],
+                },
+                &ctx,
+            );
+            let next = rec.start + FIRST_SNAPSHOT_S * f64::from(1u32 << (sn.k + 1).min(30));
+            if next < rec.end {
+                snapshots.push(Due {
+                    t: next,
+                    id: sn.id,
+                    k: sn.k + 1,
+                });
+            }
+            continue;
+        }
+        // New capacity joined: retry every waiting job.
+        let (now, candidates): (f64, Vec<usize>) = if let Some(at) = retry_at {
+            (at, queue.iter().copied().collect())
+        } else {
+            match (t_arr, t_done) {
+                (_, Some(d)) if t_arr.is_none_or(|a| d <= a) => {
+                    let Some(r) = running.pop() else { break };
+                    let job = &jobs[r.id];
+                    for &(i, g) in &slots_of[r.id] {
+                        cluster.release(i, g);
+                    }
+                    let rec = records[r.id].as_ref().expect("running jobs have records");
+                    let fam = infos[r.id].family;
+                    let mut types: Vec<usize> = slots_of[r.id]
+                        .iter()
+                        .map(|s| cluster.nodes[s.0].gpu_type)
+                        .collect();
+                    types.sort_unstable();
+                    types.dedup();
+                    for g in types {
+                        runs_seen[fam * n_types + g] += 1;
+                    }
+                    let ctx = infos[r.id].ctx(table, &cluster, d);
+                    policy.observe(
+                        &FinishedRun {
+                            job,
+                            slots: &slots_of[r.id],
+                            start: rec.start,
+                            end: rec.end,
+                        },
+                        &ctx,
+                    );
                     on_done();
-                    continue;
+                    (d, queue.iter().copied().collect())
                 }
-                queue.push_back(id);
-                (a, vec![id])
+                (Some(a), _) => {
+                    let id = next_arrival;
+                    next_arrival += 1;
+                    if !placeable(&jobs[id], &infos[id], &cluster) {
+                        on_done();
+                        continue;
+                    }
+                    queue.push_back(id);
+                    (a, vec![id])
+                }
+                _ => break,
             }
-            _ => break,
         };
 
         refresh_max_free(&cluster, &mut max_free);
@@ -234,13 +317,7 @@ pub fn simulate(
             if !fits {
                 continue;
             }
-            let ctx = Ctx {
-                table,
-                cluster: &cluster,
-                now,
-                feasible: &info.feasible,
-                gang: info.gang,
-            };
+            let ctx = info.ctx(table, &cluster, now);
             let Some(p) = policy.place(job, &ctx) else {
                 continue;
             };
@@ -251,7 +328,16 @@ pub fn simulate(
             };
             validate(job, info, &p.slots, &cluster).map_err(invalid)?;
             let runtime = true_runtime(job, &p.slots, &cluster, table)
-                .ok_or_else(|| invalid("a member's GPU type cannot run this job".into()))?;
+                .ok_or_else(|| invalid("a member's GPU type cannot run this job".into()))?
+                * run_factor[job.job_type];
+            runtimes[id] = runtime;
+            if progress && FIRST_SNAPSHOT_S < runtime {
+                snapshots.push(Due {
+                    t: now + FIRST_SNAPSHOT_S,
+                    id,
+                    k: 0,
+                });
+            }
             for &(i, g) in &p.slots {
                 cluster.allocate(i, g);
             }
@@ -270,9 +356,10 @@ pub fn simulate(
                 slots: p.slots.clone(),
             });
             placed += 1;
-            running.push(Running {
-                end: now + runtime,
+            running.push(Due {
+                t: now + runtime,
                 id,
+                k: 0,
             });
             slots_of[id] = p.slots;
             started.push(id);
@@ -287,6 +374,28 @@ pub fn simulate(
         final_cluster: cluster,
         stranded: queue.into_iter().collect(),
     })
+}
+
+/// Applies one event; true when waiting jobs should be retried (new capacity).
+fn apply_event(ev: &Event, cluster: &mut Cluster, run_factor: &mut [f64]) -> bool {
+    match &ev.action {
+        Action::Slow(i, factor) => {
+            cluster.nodes[*i].speed /= factor;
+            false
+        }
+        Action::Join(nodes) => {
+            for &i in nodes {
+                cluster.bring_online(i);
+            }
+            true
+        }
+        Action::Class(types, factor) => {
+            for &t in types {
+                run_factor[t] *= factor;
+            }
+            false
+        }
+    }
 }
 
 fn validate(job: &Job, info: &JobInfo, slots: &[(usize, u32)], c: &Cluster) -> Result<(), String> {

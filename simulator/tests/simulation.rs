@@ -1,23 +1,11 @@
 //! End-to-end checks of the simulator itself: invariants every policy must keep, and the
 //! comparisons the benchmark's conclusions rest on.
 
-use clap::Parser;
-use kudos_sim::cli::{Args, Settings};
+mod common;
+
+use common::{args, settings};
+use kudos_sim::cli::Settings;
 use kudos_sim::simulate_run;
-
-/// Settings from flags, always on the embedded data (whatever `KUDOS_DATA_DIR` says), so these
-/// tests need nothing outside the repository.
-fn settings(extra: &[&str]) -> Settings {
-    Settings::from_args(&args(extra)).expect("valid settings")
-}
-
-fn args(extra: &[&str]) -> Args {
-    let mut argv = vec!["kudos-sim"];
-    argv.extend_from_slice(extra);
-    let mut a = Args::parse_from(argv);
-    a.data_dir = None;
-    a
-}
 
 /// GPUs are conserved: no node ever holds more than it has, every placeable job runs to the
 /// end, no job starts before it arrives, and the cluster is empty again at the end.

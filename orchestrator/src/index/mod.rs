@@ -259,10 +259,14 @@ impl Index {
             gpu_busy_seconds: (run.gpu_busy_seconds > 0.0).then_some(run.gpu_busy_seconds),
             work_units: run.work_done,
         };
-        let fb = self
-            .scheduler
-            .observe(&obs, run.received_at)
-            .map_err(|e| e.to_string())?;
+        // One observation per run: its snapshots (same run ID) replace each other.
+        let fb = if run.run_id.is_empty() {
+            self.scheduler.observe(&obs, run.received_at)
+        } else {
+            self.scheduler
+                .observe_run(&run.run_id, &obs, run.received_at)
+        }
+        .map_err(|e| e.to_string())?;
         Ok(Some(fb))
     }
 
