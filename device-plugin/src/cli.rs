@@ -2,7 +2,6 @@
 //! [`Settings`] before anything starts.
 
 use crate::health::XidIgnoreList;
-use crate::resource_name;
 use clap::{Parser, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -74,7 +73,7 @@ pub struct Args {
     pub static_devices: Option<PathBuf>,
 
     /// Resource name used when the orchestrator has never answered (and no cached name exists).
-    #[arg(long, env = "KUDOS_RESOURCE_NAME", default_value = resource_name::DEFAULT)]
+    #[arg(long, env = "KUDOS_RESOURCE_NAME", default_value = kudos_api::DEFAULT_UNIFIED_RESOURCE_NAME)]
     pub resource_name: String,
 
     /// File caching the last unified name the orchestrator gave.
@@ -144,7 +143,7 @@ pub struct Args {
 pub enum ConfigError {
     /// A resource name breaks the kubelet's rules.
     #[error("--resource-name: {0}")]
-    ResourceName(#[from] resource_name::NameError),
+    ResourceName(#[from] kudos_api::ResourceNameError),
     /// A duration is negative, zero or not finite.
     #[error("--{0} must be a positive number of seconds")]
     Duration(&'static str),
@@ -209,7 +208,7 @@ fn secs(v: f64, flag: &'static str) -> Result<Duration, ConfigError> {
 impl Args {
     /// Validates the arguments.
     pub fn settings(self) -> Result<Settings, ConfigError> {
-        resource_name::validate(&self.resource_name)?;
+        kudos_api::resource_name::validate(&self.resource_name)?;
         if self.socket_name.is_empty()
             || self.socket_name.contains('/')
             || self.socket_name == kudos_proto::deviceplugin::v1beta1::KUBELET_SOCKET

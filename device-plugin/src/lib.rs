@@ -20,7 +20,6 @@ pub mod health;
 pub mod metrics;
 pub mod preferred;
 pub mod registry;
-pub mod resource_name;
 pub mod runtime;
 pub mod server;
 

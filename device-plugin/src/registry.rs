@@ -6,7 +6,6 @@
 use crate::backend::Backends;
 use crate::health::HealthMap;
 use crate::metrics::Metrics;
-use crate::resource_name;
 use kudos_proto::kudos::v1 as kapi;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -31,7 +30,7 @@ pub enum ReportError {
     },
     /// The orchestrator answered a name the kubelet would reject.
     #[error("orchestrator answered an invalid resource name: {0}")]
-    BadName(#[from] resource_name::NameError),
+    BadName(#[from] kudos_api::ResourceNameError),
     /// Vendors were given different names (the orchestrator should answer one name).
     #[error("orchestrator answered different names {0:?} and {1:?}")]
     Conflicting(String, String),
@@ -117,7 +116,7 @@ impl Reporter {
                     status,
                 })?
                 .into_inner();
-            resource_name::validate(&answer.unified_resource_name)?;
+            kudos_api::resource_name::validate(&answer.unified_resource_name)?;
             tracing::info!(vendor = %v.key, name = %answer.unified_resource_name, generation = answer.generation, "orchestrator answered");
             match &name {
                 Some(n) if *n != answer.unified_resource_name => {
@@ -130,7 +129,7 @@ impl Reporter {
             }
         }
         // A node with no devices still learns the name (nothing to register, but consistent).
-        Ok(name.unwrap_or_else(|| resource_name::DEFAULT.into()))
+        Ok(name.unwrap_or_else(|| kudos_api::DEFAULT_UNIFIED_RESOURCE_NAME.into()))
     }
 }
 
@@ -149,7 +148,7 @@ impl NameCache {
     /// The cached name, if present and valid.
     pub fn load(&self) -> Option<String> {
         let name = std::fs::read_to_string(&self.path).ok()?.trim().to_owned();
-        match resource_name::validate(&name) {
+        match kudos_api::resource_name::validate(&name) {
             Ok(()) => Some(name),
             Err(e) => {
                 tracing::warn!(path = %self.path.display(), error = %e, "ignoring an invalid cached name");

@@ -12,15 +12,9 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kudos_api::labels;
 use serde::Deserialize;
 use serde_json::json;
-
-/// Label carrying the GPU model of a node (e.g. `V100M16`).
-pub const MODEL_LABEL: &str = "kudos.dev/gpu-model";
-/// Label carrying the GPU vendor of a node.
-pub const VENDOR_LABEL: &str = "kudos.dev/gpu-vendor";
-/// Label carrying the memory per GPU in bytes.
-pub const MEMORY_LABEL: &str = "kudos.dev/gpu-memory-bytes";
 
 /// Memory per GPU of the trace's models, GiB (G1..G3 are undisclosed: 16 assumed).
 pub fn model_memory_gib(model: &str) -> u64 {
@@ -118,9 +112,9 @@ pub async fn create_nodes(client: &Client, shapes: &[NodeShape], resource: &str)
                         "labels": {
                             "kubernetes.io/hostname": s.name,
                             "kubernetes.io/os": "linux",
-                            VENDOR_LABEL: "nvidia",
-                            MODEL_LABEL: s.model,
-                            MEMORY_LABEL: (model_memory_gib(&s.model) << 30).to_string(),
+                            labels::GPU_VENDOR: "nvidia",
+                            labels::GPU_MODEL: s.model,
+                            labels::GPU_MEMORY_BYTES: (model_memory_gib(&s.model) << 30).to_string(),
                         }
                     }
                 }))?;

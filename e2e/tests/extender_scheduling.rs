@@ -6,7 +6,8 @@
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
-use kudos_e2e::nodes::{MODEL_LABEL, create_nodes, uniform_shapes};
+use kudos_api::labels::GPU_MODEL as MODEL_LABEL;
+use kudos_e2e::nodes::{create_nodes, uniform_shapes};
 use kudos_e2e::orchestrator::Orchestrator;
 use kudos_e2e::paths::{kudos_bin, upstream_bin};
 use kudos_e2e::proc::wait_for;

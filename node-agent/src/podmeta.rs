@@ -13,14 +13,8 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
+use kudos_api::labels;
 use tracing::Instrument;
-
-/// Label naming the pod's algorithm class.
-pub const CLASS_LABEL: &str = "kudos.dev/class";
-/// Annotation with the work the pod declares, in units of its class.
-pub const WORK_ANNOTATION: &str = "kudos.dev/work";
-/// Annotation a workload may keep updated with its progress, 0..=1 (optional).
-pub const PROGRESS_ANNOTATION: &str = "kudos.dev/progress";
 
 /// What we know about one pod besides its devices.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -106,17 +100,17 @@ pub fn meta_of(pod: &Pod) -> PodMeta {
         class: md
             .labels
             .as_ref()
-            .and_then(|l| l.get(CLASS_LABEL))
+            .and_then(|l| l.get(labels::CLASS))
             .cloned()
             .unwrap_or_default(),
         work: parse_fraction(
-            md.annotations.as_ref().and_then(|a| a.get(WORK_ANNOTATION)),
+            md.annotations.as_ref().and_then(|a| a.get(labels::WORK)),
             f64::MAX,
         ),
         progress: parse_fraction(
             md.annotations
                 .as_ref()
-                .and_then(|a| a.get(PROGRESS_ANNOTATION)),
+                .and_then(|a| a.get(labels::PROGRESS)),
             1.0,
         ),
         failed: phase == "Failed",
@@ -186,11 +180,11 @@ mod tests {
                 name: Some("p".into()),
                 namespace: Some("ns".into()),
                 uid: Some("u-1".into()),
-                labels: Some([(CLASS_LABEL.to_string(), "resnet50".to_string())].into()),
+                labels: Some([(labels::CLASS.to_string(), "resnet50".to_string())].into()),
                 annotations: Some(
                     [
-                        (WORK_ANNOTATION.to_string(), "90".to_string()),
-                        (PROGRESS_ANNOTATION.to_string(), "7".into()),
+                        (labels::WORK.to_string(), "90".to_string()),
+                        (labels::PROGRESS.to_string(), "7".into()),
                     ]
                     .into(),
                 ),

@@ -19,8 +19,6 @@ use std::time::Duration;
 pub const API_VERSION: &str = "kudos.dev/v1alpha1";
 /// The only `kind` this binary reads.
 pub const KIND: &str = "OrchestratorConfig";
-/// Default unified resource name every vendor's devices are registered under.
-pub const DEFAULT_UNIFIED_RESOURCE: &str = "kudos.dev/gpu";
 /// Default path prefix of the extender verbs (`<prefix>/filter`, ...).
 pub const DEFAULT_EXTENDER_PREFIX: &str = "/kudos/v1";
 
@@ -304,13 +302,12 @@ impl Settings {
             .unified_resource_name
             .clone()
             .or(file.unified_resource_name)
-            .unwrap_or_else(|| DEFAULT_UNIFIED_RESOURCE.to_owned());
-        if !valid_resource_name(&unified) {
+            .unwrap_or_else(|| kudos_api::DEFAULT_UNIFIED_RESOURCE_NAME.to_owned());
+        // The device plugin checks the name it is given with the same rules (the kubelet's).
+        if let Err(e) = kudos_api::resource_name::validate(&unified) {
             return Err(ConfigError::Invalid {
                 field: "unifiedResourceName",
-                reason: format!(
-                    "{unified:?} is not an extended resource name like `kudos.dev/gpu` (domain/name)"
-                ),
+                reason: e.to_string(),
             });
         }
         let mut prefix = args
@@ -423,21 +420,6 @@ impl Settings {
     }
 }
 
-/// `domain/name` with a DNS-ish domain: what the kubelet accepts for extended resources.
-fn valid_resource_name(s: &str) -> bool {
-    let Some((domain, name)) = s.split_once('/') else {
-        return false;
-    };
-    let ok = |p: &str, dots: bool| {
-        !p.is_empty()
-            && p.len() <= 63
-            && p.chars().all(|c| {
-                c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || (dots && c == '.')
-            })
-    };
-    domain.contains('.') && ok(domain, true) && ok(name, true) && !name.contains('/')
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -462,13 +444,6 @@ mod tests {
         let text = "apiVersion: kudos.dev/v9\nkind: OrchestratorConfig\n";
         let err = FileConfig::parse(text).unwrap_err().to_string();
         assert!(err.contains("apiVersion"), "{err}");
-    }
-
-    #[test]
-    fn resource_names() {
-        assert!(valid_resource_name("kudos.dev/gpu"));
-        assert!(!valid_resource_name("gpu"));
-        assert!(!valid_resource_name("Kudos.dev/gpu"));
     }
 }
 
@@ -498,7 +473,10 @@ mod precedence_tests {
         assert_eq!(s.http_listen.port(), 3000, "CLI wins");
         assert_eq!(s.grpc_listen.port(), 2000, "file beats default");
         assert_eq!(s.extender_prefix, "/x");
-        assert_eq!(s.unified_resource_name, DEFAULT_UNIFIED_RESOURCE);
+        assert_eq!(
+            s.unified_resource_name,
+            kudos_api::DEFAULT_UNIFIED_RESOURCE_NAME
+        );
     }
 
     #[test]

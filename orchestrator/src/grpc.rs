@@ -128,23 +128,6 @@ impl Ingest {
         let (_, caller) = self.identify(&req).await?;
         let r = req.into_inner();
         Self::check_node(&caller, &r.node)?;
-        if !kudos_rollout::config::is_vendor_name(&r.vendor) {
-            return Err(IngestError::Invalid(format!(
-                "vendor {:?} must be a lowercase DNS label of at most {} characters (it names the plugin group, its DaemonSet and image tag)",
-                r.vendor,
-                kudos_rollout::config::MAX_VENDOR_LEN
-            )));
-        }
-        if let Some(d) = r
-            .devices
-            .iter()
-            .find(|d| d.id.is_empty() || d.id.len() > 63)
-        {
-            return Err(IngestError::Invalid(format!(
-                "device ID {:?} must be 1..=63 characters",
-                d.id
-            )));
-        }
         let healthy = r.devices.iter().filter(|d| d.healthy).count() as u32;
         let total = r.devices.len() as u32;
         let entry = VendorEntry {
@@ -162,6 +145,10 @@ impl Ingest {
                 .collect(),
             plugin_version: r.plugin_version,
         };
+        // The same bounds the device plugin checks before it reports (kudos-api).
+        entry
+            .validate(&r.vendor)
+            .map_err(|e| IngestError::Invalid(e.to_string()))?;
         let _g = self.lock.lock().await;
         let mut cfg = self
             .index
@@ -277,9 +264,7 @@ fn to_stored(
     profile: Option<crate::state::ProfileRecord>,
     now: f64,
 ) -> Result<StoredRun, String> {
-    if r.report_id.is_empty() || r.report_id.len() > 256 {
-        return Err("report_id must be 1..=256 characters".into());
-    }
+    kudos_api::bounds::validate_report_id(&r.report_id).map_err(|e| e.to_string())?;
     if r.node != caller {
         return Err(format!(
             "report is about node {:?} but the caller is node {caller:?}; a node may only report about itself",

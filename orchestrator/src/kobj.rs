@@ -8,24 +8,8 @@ use crate::quantity;
 use crate::state::ProfileRecord;
 use k8s_openapi::api::core::v1::{Container, Node, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kudos_api::labels;
 use std::collections::BTreeMap;
-
-/// Pod label naming the algorithm class.
-pub const LABEL_CLASS: &str = "kudos.dev/class";
-/// Pod annotation: work units of the class this pod does.
-pub const ANN_WORK: &str = "kudos.dev/work";
-/// Pod annotation: deadline in seconds (the review threshold).
-pub const ANN_DEADLINE: &str = "kudos.dev/deadline-seconds";
-/// Pod annotation: gang name.
-pub const ANN_GANG_NAME: &str = "kudos.dev/gang-name";
-/// Pod annotation: gang size.
-pub const ANN_GANG_SIZE: &str = "kudos.dev/gang-size";
-/// Node label: GPU vendor key.
-pub const LABEL_VENDOR: &str = "kudos.dev/gpu-vendor";
-/// Node label: GPU model.
-pub const LABEL_MODEL: &str = "kudos.dev/gpu-model";
-/// Node label: memory per GPU in bytes.
-pub const LABEL_MEMORY: &str = "kudos.dev/gpu-memory-bytes";
 
 /// A pod annotation Kudos could not use.
 #[derive(Debug, thiserror::Error)]
@@ -128,12 +112,12 @@ pub fn node_info(node: &Node, unified: &str) -> NodeInfo {
         .and_then(|c| c.get(unified))
         .and_then(|q| quantity::units(&q.0))
         .map(|v| v.min(u64::from(u32::MAX)) as u32);
-    let label_profile = match (label(LABEL_VENDOR), label(LABEL_MODEL)) {
+    let label_profile = match (label(labels::GPU_VENDOR), label(labels::GPU_MODEL)) {
         (Some(vendor), Some(model)) => Some(ProfileRecord {
             vendor: vendor.clone(),
             model: model.clone(),
             count: gpu_allocatable.unwrap_or(0),
-            memory_bytes: label(LABEL_MEMORY)
+            memory_bytes: label(labels::GPU_MEMORY_BYTES)
                 .and_then(|v| quantity::units(v))
                 .unwrap_or(0),
         }),
@@ -256,7 +240,7 @@ pub fn pod_facts(pod: &Pod, unified: &str) -> Result<PodFacts, PodError> {
     let id = format!("{namespace}/{name}");
     let empty = BTreeMap::new();
     let ann = pod.metadata.annotations.as_ref().unwrap_or(&empty);
-    let gang = match (ann.get(ANN_GANG_NAME), ann.get(ANN_GANG_SIZE)) {
+    let gang = match (ann.get(labels::GANG_NAME), ann.get(labels::GANG_SIZE)) {
         (None, None) => None,
         (Some(g), size) => {
             let size = match size {
@@ -266,7 +250,7 @@ pub fn pod_facts(pod: &Pod, unified: &str) -> Result<PodFacts, PodError> {
                     _ => {
                         return Err(PodError {
                             pod: id,
-                            key: ANN_GANG_SIZE,
+                            key: labels::GANG_SIZE,
                             value: s.clone(),
                             expected: "a positive integer",
                         });
@@ -278,7 +262,7 @@ pub fn pod_facts(pod: &Pod, unified: &str) -> Result<PodFacts, PodError> {
         (None, Some(s)) => {
             return Err(PodError {
                 pod: id,
-                key: ANN_GANG_SIZE,
+                key: labels::GANG_SIZE,
                 value: s.clone(),
                 expected: "set together with kudos.dev/gang-name",
             });
@@ -290,11 +274,11 @@ pub fn pod_facts(pod: &Pod, unified: &str) -> Result<PodFacts, PodError> {
             .metadata
             .labels
             .as_ref()
-            .and_then(|l| l.get(LABEL_CLASS))
+            .and_then(|l| l.get(labels::CLASS))
             .filter(|c| !c.is_empty())
             .cloned(),
-        work_units: positive(&id, ann, ANN_WORK)?,
-        deadline_seconds: positive(&id, ann, ANN_DEADLINE)?,
+        work_units: positive(&id, ann, labels::WORK)?,
+        deadline_seconds: positive(&id, ann, labels::DEADLINE_SECONDS)?,
         gang,
         requests: pod_requests(pod, unified),
         uid: pod.metadata.uid.clone().unwrap_or_default(),

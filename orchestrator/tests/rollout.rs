@@ -20,8 +20,8 @@ use kudos_proto::kudos::v1::registry_service_server::RegistryService;
 use kudos_rollout::image::{build_layer, group_config_files};
 use kudos_rollout::reconcile::DryRunSink;
 use kudos_rollout::{
-    Ctx, DerivedImage, ImageDeriver, ImageRecorder, Mode, MonitorPolicy, PlainHttp,
-    PluginConfigView, RegistrySettings, RolloutMetrics, RolloutSettings,
+    Ctx, DerivedImage, ImageDeriver, ImageRecorder, Mode, MonitorPolicy, PlainHttp, PluginConfig,
+    RegistrySettings, RolloutMetrics, RolloutSettings,
 };
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -67,7 +67,7 @@ fn deriver() -> ImageDeriver {
 }
 
 /// The image rollout would derive for the view's only group (digest made up, layer real).
-fn derived(view: &PluginConfigView) -> (String, DerivedImage) {
+fn derived(view: &PluginConfig) -> (String, DerivedImage) {
     let group = view.groups().unwrap().remove(0);
     let layer = build_layer(&group_config_files(view, &group).unwrap()).unwrap();
     let digest = format!("sha256:{:0>64}", 7);
@@ -97,7 +97,7 @@ async fn recorder_persists_images_and_an_identical_generation_does_not_rederive(
         .into_inner();
     assert_eq!(r.generation, 1);
 
-    let view = PluginConfigView::from_config(index.read().unwrap().plugin_config()).unwrap();
+    let view = index.read().unwrap().plugin_config().clone();
     let (group, image) = derived(&view);
     assert_eq!(group, "nvidia");
     let d = deriver();
@@ -113,7 +113,7 @@ async fn recorder_persists_images_and_an_identical_generation_does_not_rederive(
         .unwrap();
     let loaded = store.load().await.unwrap().plugin_config;
     assert_eq!(loaded.generation, 2);
-    assert_eq!(loaded.images["nvidia"]["digest"], image.digest.as_str());
+    assert_eq!(loaded.images["nvidia"].digest, image.digest);
     assert_eq!(*index.read().unwrap().plugin_config(), loaded);
     assert_eq!(published.borrow_and_update().generation, 2);
 
@@ -126,7 +126,7 @@ async fn recorder_persists_images_and_an_identical_generation_does_not_rederive(
 
     // The view of the bumped generation needs no derivation: a reconcile pass with a
     // deriver whose registry is unreachable plans no push and renders the recorded image.
-    let next = PluginConfigView::from_config(&loaded).unwrap();
+    let next = loaded.clone();
     assert_eq!(next.generation, 2);
     assert!(
         !d.needs_derivation(&next, &next.groups().unwrap()[0])
@@ -156,7 +156,7 @@ async fn recorder_persists_images_and_an_identical_generation_does_not_rederive(
     grpc.report_plugin(with_token(plugin("n1", 3, true), Some("t-n1")))
         .await
         .unwrap();
-    let changed = PluginConfigView::from_config(index.read().unwrap().plugin_config()).unwrap();
+    let changed = index.read().unwrap().plugin_config().clone();
     assert_eq!(changed.generation, 3);
     assert!(
         d.needs_derivation(&changed, &changed.groups().unwrap()[0])
@@ -226,7 +226,7 @@ async fn state_shows_monitor_output_and_filter_rejects_excluded_nodes() {
     let (_, s) = call(app.clone(), "GET", "/state", Value::Null).await;
     assert_eq!(s["nodeMonitor"], Value::Null, "no monitoring pass yet");
 
-    let view = PluginConfigView::from_config(index.read().unwrap().plugin_config()).unwrap();
+    let view = index.read().unwrap().plugin_config().clone();
     let monitoring = NodeMonitoring {
         settings: RolloutSettings::default(),
         policy: MonitorPolicy::default(),
@@ -295,7 +295,7 @@ async fn a_failed_push_leaves_the_configuration_unchanged() {
     )
     .with_kube(kube)
     .with_deriver(ImageDeriver::new(settings, metrics.clone()).unwrap());
-    let view = PluginConfigView::from_config(&before).unwrap();
+    let view = before.clone();
     // The pass fails (the push, then the apply against the unreachable API server).
     assert!(
         kudos_rollout::reconcile(Arc::new(view), Arc::new(ctx))

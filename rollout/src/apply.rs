@@ -16,18 +16,18 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use tracing::info;
 
-use crate::config::{ConfigError, PluginConfigView};
 use crate::metrics::{GroupLabels, Outcome, RolloutMetrics};
 use crate::render::{
-    LABEL_GROUP, MANAGED_BY, OWNED_SELECTOR, RolloutSettings, daemonset_name, render_daemonsets,
+    MANAGED_BY, OWNED_SELECTOR, RolloutSettings, daemonset_name, render_daemonsets,
 };
+use kudos_api::{PluginConfig, PluginConfigError, labels};
 
 /// Errors applying or pruning DaemonSets.
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
     /// The configuration view is invalid.
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(#[from] PluginConfigError),
     /// Rendering failed.
     #[error(transparent)]
     Render(#[from] crate::render::RenderError),
@@ -82,7 +82,7 @@ pub fn patch_params() -> PatchParams {
 #[tracing::instrument(skip_all, fields(generation = view.generation, namespace = %settings.namespace))]
 pub async fn apply(
     client: &kube::Client,
-    view: &PluginConfigView,
+    view: &PluginConfig,
     settings: &RolloutSettings,
     metrics: &RolloutMetrics,
 ) -> Result<ApplyReport, ApplyError> {
@@ -113,7 +113,7 @@ pub async fn apply_daemonsets(
             .metadata
             .labels
             .as_ref()
-            .and_then(|l| l.get(LABEL_GROUP))
+            .and_then(|l| l.get(labels::PLUGIN_GROUP))
             .cloned()
             .unwrap_or_default();
         let result = api.patch(&name, &params, &Patch::Apply(ds)).await;

@@ -20,16 +20,9 @@ use oci_client::manifest::{
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::config::{PluginConfigView, PluginGroup};
+use kudos_api::env::{self, DEFAULT_PLUGIN_CONFIG_DIR};
+use kudos_api::{PluginConfig, PluginGroup, VendorPluginConfig};
 
-/// Directory inside the image holding one `<vendor>.json` per vendor of the group.
-pub const PLUGIN_CONFIG_DIR: &str = "/etc/kudos/plugin";
-/// Env variable naming the unified resource name the plugin registers under.
-pub const ENV_RESOURCE_NAME: &str = "KUDOS_RESOURCE_NAME";
-/// Env variable naming the vendor(s) the plugin serves, comma-separated and sorted.
-pub const ENV_VENDOR: &str = "KUDOS_VENDOR";
-/// Env variable naming [`PLUGIN_CONFIG_DIR`].
-pub const ENV_PLUGIN_CONFIG_DIR: &str = "KUDOS_PLUGIN_CONFIG_DIR";
 /// Manifest annotation: the base image's reference (OCI pre-defined annotation).
 pub const ANNOTATION_BASE_NAME: &str = "org.opencontainers.image.base.name";
 /// Manifest annotation: the base image's manifest digest (OCI pre-defined annotation).
@@ -76,17 +69,18 @@ pub fn sha256_digest(data: &[u8]) -> String {
     format!("sha256:{:x}", Sha256::digest(data))
 }
 
-/// The files a group's configuration layer carries: `etc/kudos/plugin/<vendor>.json`.
+/// The files a group's configuration layer carries: `etc/kudos/plugin/<vendor>.json`,
+/// written with the writer the device plugin's reader pairs with (`kudos-api`).
 pub fn group_config_files(
-    view: &PluginConfigView,
+    view: &PluginConfig,
     group: &PluginGroup,
 ) -> Result<BTreeMap<String, Vec<u8>>, ImageError> {
-    let dir = PLUGIN_CONFIG_DIR.trim_start_matches('/');
+    let dir = DEFAULT_PLUGIN_CONFIG_DIR.trim_start_matches('/');
     let mut files = BTreeMap::new();
     for cfg in view.vendor_configs(group) {
-        let mut body = serde_json::to_vec_pretty(&cfg).map_err(ImageError::Serialize)?;
-        body.push(b'\n');
-        files.insert(format!("{dir}/{}.json", cfg.vendor), body);
+        let body = cfg.to_file_bytes().map_err(ImageError::Serialize)?;
+        let name = VendorPluginConfig::file_name(&cfg.vendor);
+        files.insert(format!("{dir}/{name}"), body);
     }
     Ok(files)
 }
@@ -148,11 +142,20 @@ pub fn build_layer(files: &BTreeMap<String, Vec<u8>>) -> Result<ConfigLayer, Ima
 }
 
 /// The env a derived image sets for its group.
-pub fn group_env(view: &PluginConfigView, group: &PluginGroup) -> Vec<(String, String)> {
+pub fn group_env(view: &PluginConfig, group: &PluginGroup) -> Vec<(String, String)> {
     vec![
-        (ENV_RESOURCE_NAME.into(), view.unified_resource_name.clone()),
-        (ENV_VENDOR.into(), group.vendors.join(",")),
-        (ENV_PLUGIN_CONFIG_DIR.into(), PLUGIN_CONFIG_DIR.into()),
+        (
+            env::RESOURCE_NAME.into(),
+            view.unified_resource_name.clone(),
+        ),
+        (
+            env::VENDOR.into(),
+            group.vendors.join(&env::VENDOR_SEPARATOR.to_string()),
+        ),
+        (
+            env::PLUGIN_CONFIG_DIR.into(),
+            DEFAULT_PLUGIN_CONFIG_DIR.into(),
+        ),
     ]
 }
 
@@ -278,7 +281,7 @@ pub fn manifest_bytes(manifest: &OciImageManifest) -> Result<Vec<u8>, ImageError
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::tests::mk_view;
+    use crate::fixtures::mk_view;
 
     const BASE_CONFIG: &str = r#"{"architecture":"amd64","os":"linux","created":"2026-01-01T00:00:00Z",
         "config":{"Env":["PATH=/bin","KUDOS_VENDOR=old"],"Entrypoint":["/kudos-device-plugin"]},
@@ -372,8 +375,8 @@ mod tests {
     fn config_appends_diff_id_and_sets_env() {
         let l = layer();
         let env = vec![
-            (ENV_RESOURCE_NAME.to_string(), "kudos.dev/gpu".to_string()),
-            (ENV_VENDOR.to_string(), "nvidia".to_string()),
+            (env::RESOURCE_NAME.to_string(), "kudos.dev/gpu".to_string()),
+            (env::VENDOR.to_string(), "nvidia".to_string()),
         ];
         let out = derive_config(BASE_CONFIG, 1, &l, &env, "nvidia").unwrap();
         let v: Value = serde_json::from_slice(&out).unwrap();

@@ -19,24 +19,19 @@
 //!
 //! # Wiring into the orchestrator
 //! ```text
-//!  orchestrator config ──into──▶ PluginConfigView ──watch::Sender──▶ rollout::run(rx, Ctx, shutdown)
-//!         ▲                                                               │ (lease holder only)
-//!         └──── ImageRecorder::record(generation, group → DerivedImage) ◀──┘
+//!  kudos_api::PluginConfig ──watch::Sender──▶ rollout::run(rx, Ctx, shutdown)
+//!         ▲                                          │ (lease holder only)
+//!         └── ImageRecorder::record(generation, group → DerivedImage) ◀──┘
 //! ```
-//! - Convert the orchestrator's configuration into a [`PluginConfigView`]: `generation`,
-//!   `unified_resource_name`, `nodes: node → vendor → VendorEntry { vendor_resource_name,
-//!   plugin_version, devices: [DeviceEntry { id, model, memory_bytes, uuid, numa_node }] }`,
-//!   and `images: group → DerivedImage` as previously recorded. The JSON shape matches the
-//!   orchestrator's `PluginConfig` (camelCase, same field names), so
-//!   [`PluginConfigView::from_config`] converts any serializable configuration of that shape
-//!   (unknown fields are ignored; a missing `images` is empty).
+//! - Publish the orchestrator's persisted [`PluginConfig`] (the one type in `kudos-api`,
+//!   with `images: group → DerivedImage` as previously recorded); nothing is converted.
 //! - Implement [`ImageRecorder`] to store returned [`DerivedImage`]s in the configuration
 //!   (this bumps its generation; the next pass finds nothing to derive and re-applies as a
 //!   no-op).
 //! - Build `Ctx::new(RolloutSettings, recorder, metrics).with_kube(client)
 //!   .with_deriver(ImageDeriver::new(RegistrySettings, metrics)?)`, or
 //!   `.with_mode(Mode::dry_run_stdout())` for `--dry-run`; then either spawn [`run`] with a
-//!   `watch::Receiver<Arc<PluginConfigView>>`, or call [`reconcile`]/[`error_policy`]
+//!   `watch::Receiver<Arc<PluginConfig>>`, or call [`reconcile`]/[`error_policy`]
 //!   yourself. Register [`RolloutMetrics`] and [`MonitorMetrics`] on the `/metrics` registry.
 //! - For `/state` and the extender's filter, call [`monitor()`] with the view, the Node
 //!   observations, plugin health reports, heartbeats and the DaemonSets seen, and skip nodes
@@ -44,9 +39,11 @@
 //!
 //! # Contract with the device plugin image
 //! The derived image carries `/etc/kudos/plugin/<vendor>.json` ([`VendorPluginConfig`],
-//! `version: v1`) and sets `KUDOS_RESOURCE_NAME`, `KUDOS_VENDOR` (comma-separated) and
-//! `KUDOS_PLUGIN_CONFIG_DIR`. The DaemonSet adds `NODE_NAME`, `KUDOS_STATE_DIR`
-//! (`/var/lib/kudos`, a host directory) and, for NVIDIA, `KUDOS_NVML_LIBRARY_DIR`.
+//! `version: v1`, written with [`VendorPluginConfig::to_file_bytes`], which the plugin reads
+//! with [`VendorPluginConfig::read`]) and sets [`kudos_api::env::RESOURCE_NAME`],
+//! [`kudos_api::env::VENDOR`] (comma-separated) and [`kudos_api::env::PLUGIN_CONFIG_DIR`].
+//! The DaemonSet adds [`kudos_api::env::NODE_NAME`], [`kudos_api::env::STATE_DIR`]
+//! (`/var/lib/kudos`, a host directory) and, for NVIDIA, [`kudos_api::env::NVML_LIBRARY_DIR`].
 //!
 //! TLS: the registry client uses rustls with the `ring` provider only;
 //! [`install_crypto_provider`] is called by [`ImageDeriver::new`].
@@ -54,8 +51,9 @@
 #![deny(missing_docs)]
 
 pub mod apply;
-pub mod config;
 pub mod credentials;
+#[cfg(test)]
+mod fixtures;
 pub mod image;
 pub mod metrics;
 pub mod monitor;
@@ -65,12 +63,12 @@ pub mod render;
 pub mod retry;
 
 pub use apply::{ApplyError, ApplyReport, apply, apply_daemonsets, prune_daemonsets};
-pub use config::{
-    ConfigError, DerivedImage, DeviceEntry, PluginConfigView, PluginGroup, VendorEntry,
-    VendorPluginConfig,
-};
 pub use credentials::{CredentialSource, CredentialsError};
 pub use image::derive_tag;
+pub use kudos_api::{
+    DerivedImage, DeviceRecord, PluginConfig, PluginConfigError, PluginGroup, VendorEntry,
+    VendorPluginConfig,
+};
 pub use metrics::{MonitorMetrics, RolloutMetrics};
 pub use monitor::{
     ExclusionReason, MonitorInputs, MonitorPolicy, NodeMonitor, NodeObservation, PluginHealth,

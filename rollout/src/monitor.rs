@@ -26,8 +26,8 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Node;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{ConfigError, PluginConfigView};
 use crate::render::{RolloutSettings, daemonset_name};
+use kudos_api::{PluginConfig, PluginConfigError};
 
 /// What the API server says about a node.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -177,11 +177,11 @@ pub struct NodeMonitor {
 
 /// One [`NodeMonitor`] per configured node, sorted by node name.
 pub fn monitor(
-    view: &PluginConfigView,
+    view: &PluginConfig,
     settings: &RolloutSettings,
     policy: &MonitorPolicy,
     inputs: &MonitorInputs<'_>,
-) -> Result<Vec<NodeMonitor>, ConfigError> {
+) -> Result<Vec<NodeMonitor>, PluginConfigError> {
     let by_name: BTreeMap<&str, &DaemonSet> = inputs
         .daemonsets
         .iter()

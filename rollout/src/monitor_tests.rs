@@ -1,5 +1,5 @@
 use super::*;
-use crate::config::tests::mk_view;
+use crate::fixtures::mk_view;
 use crate::metrics::MonitorMetrics;
 use crate::render::render_group;
 use k8s_openapi::api::apps::v1::DaemonSetStatus;
@@ -19,10 +19,10 @@ fn obs(alloc: u64) -> NodeObservation {
     }
 }
 
-fn with_image(mut v: PluginConfigView, group: &str) -> PluginConfigView {
+fn with_image(mut v: PluginConfig, group: &str) -> PluginConfig {
     v.images.insert(
         group.into(),
-        crate::config::DerivedImage {
+        kudos_api::DerivedImage {
             reference: format!("r/p@sha256:{group}"),
             digest: format!("sha256:{group}"),
             tag: format!("{group}-g1"),

@@ -26,11 +26,11 @@ use kube::runtime::controller::Action;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::apply::{ApplyError, apply};
-use crate::config::{ConfigError, DerivedImage, PluginConfigView};
 use crate::metrics::RolloutMetrics;
 use crate::registry::{DeriveError, ImageDeriver};
 use crate::render::{RenderError, RolloutSettings, render_yaml};
 use crate::retry::RetryPolicy;
+use kudos_api::{DerivedImage, PluginConfig, PluginConfigError};
 
 /// Boxed error of an [`ImageRecorder`].
 pub type RecordError = Box<dyn std::error::Error + Send + Sync>;
@@ -38,7 +38,7 @@ pub type RecordError = Box<dyn std::error::Error + Send + Sync>;
 /// Stores derived images in the orchestrator's plugin configuration.
 pub trait ImageRecorder: Send + Sync {
     /// Records `images` (group → image) derived from the view of `generation`. Implementations
-    /// persist them so the next view carries them in [`PluginConfigView::images`].
+    /// persist them so the next view carries them in [`PluginConfig::images`].
     fn record(
         &self,
         generation: u64,
@@ -70,7 +70,7 @@ impl Mode {
 pub enum Error {
     /// The configuration view is invalid; retrying will not help until it changes.
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(#[from] PluginConfigError),
     /// Deriving an image failed (after retries) for at least one group.
     #[error("deriving plugin images failed for {failed} group(s)")]
     Derive {
@@ -161,12 +161,12 @@ impl Ctx {
 }
 
 /// One idempotent pass; see the module docs.
-pub async fn reconcile(view: Arc<PluginConfigView>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+pub async fn reconcile(view: Arc<PluginConfig>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     reconcile_pass(&view, &ctx).await.map(Action::requeue)
 }
 
 /// Requeue with exponential backoff in the number of consecutive failures.
-pub fn error_policy(_view: Arc<PluginConfigView>, error: &Error, ctx: Arc<Ctx>) -> Action {
+pub fn error_policy(_view: Arc<PluginConfig>, error: &Error, ctx: Arc<Ctx>) -> Action {
     Action::requeue(failure_delay(error, &ctx))
 }
 
@@ -181,7 +181,7 @@ fn failure_delay(error: &Error, ctx: &Ctx) -> Duration {
     delay
 }
 
-async fn reconcile_pass(view: &PluginConfigView, ctx: &Ctx) -> Result<Duration, Error> {
+async fn reconcile_pass(view: &PluginConfig, ctx: &Ctx) -> Result<Duration, Error> {
     let span = info_span!("rollout_reconcile", generation = view.generation);
     async move {
         let groups = view.groups()?;
@@ -252,7 +252,7 @@ async fn reconcile_pass(view: &PluginConfigView, ctx: &Ctx) -> Result<Duration, 
 /// Reconciles every new view from `views` and on requeue until `shutdown` completes or the
 /// sender is dropped. Run it on the lease holder only.
 pub async fn run(
-    mut views: tokio::sync::watch::Receiver<Arc<PluginConfigView>>,
+    mut views: tokio::sync::watch::Receiver<Arc<PluginConfig>>,
     ctx: Arc<Ctx>,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -274,7 +274,7 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::tests::mk_view;
+    use crate::fixtures::mk_view;
     use std::sync::Mutex;
 
     #[derive(Default)]

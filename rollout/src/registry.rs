@@ -21,11 +21,11 @@ use oci_client::{Client, Reference};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
-use crate::config::{ConfigError, DerivedImage, PluginConfigView, PluginGroup};
 use crate::credentials::{CredentialSource, CredentialsError, resolve_auth};
 use crate::image::{self, ImageError};
 use crate::metrics::{GroupLabels, Outcome, RolloutMetrics};
 use crate::retry::RetryPolicy;
+use kudos_api::{DerivedImage, PluginConfig, PluginConfigError, PluginGroup};
 
 /// When to talk plain HTTP to a registry instead of HTTPS.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,7 +81,7 @@ fn default_read_timeout() -> Duration {
 pub enum DeriveError {
     /// The configuration view is invalid.
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(#[from] PluginConfigError),
     /// An image reference in the settings does not parse.
     #[error("invalid image reference {reference:?}")]
     Reference {
@@ -236,7 +236,7 @@ impl ImageDeriver {
     /// configuration layer that differs from the recorded one. Pure; no registry access.
     pub fn needs_derivation(
         &self,
-        view: &PluginConfigView,
+        view: &PluginConfig,
         group: &PluginGroup,
     ) -> Result<bool, DeriveError> {
         let Some(current) = view.images.get(&group.name) else {
@@ -255,7 +255,7 @@ impl ImageDeriver {
     #[tracing::instrument(skip_all, fields(group = %group.name, generation = view.generation))]
     pub async fn derive_plugin_image(
         &self,
-        view: &PluginConfigView,
+        view: &PluginConfig,
         group: &PluginGroup,
         base_auth: &RegistryAuth,
         target_auth: &RegistryAuth,
@@ -323,7 +323,7 @@ impl ImageDeriver {
     #[tracing::instrument(skip_all, fields(group = %group.name, generation = view.generation))]
     pub async fn derive_with_retry(
         &self,
-        view: &PluginConfigView,
+        view: &PluginConfig,
         group: &PluginGroup,
         kube: Option<&kube::Client>,
     ) -> Result<DerivedImage, DeriveError> {
@@ -464,6 +464,8 @@ mod tests {
             source: Box::new(OciDistributionError::GenericError(None)),
         };
         assert!(e.is_transient());
-        assert!(!DeriveError::Config(ConfigError::NodeWithoutVendors("n".into())).is_transient());
+        assert!(
+            !DeriveError::Config(PluginConfigError::NodeWithoutVendors("n".into())).is_transient()
+        );
     }
 }

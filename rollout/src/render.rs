@@ -33,7 +33,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use serde::{Deserialize, Serialize};
 
-use crate::config::{ConfigError, PluginConfigView, PluginGroup};
+use kudos_api::{PluginConfig, PluginConfigError, PluginGroup, env, labels};
 
 /// `app.kubernetes.io/managed-by` label key.
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
@@ -47,18 +47,8 @@ pub const LABEL_COMPONENT: &str = "app.kubernetes.io/component";
 pub const COMPONENT: &str = "device-plugin";
 /// `app.kubernetes.io/name` label key.
 pub const LABEL_NAME: &str = "app.kubernetes.io/name";
-/// Label naming the plugin group (vendor set) of a DaemonSet and its pods.
-pub const LABEL_GROUP: &str = "kudos.dev/plugin-group";
-/// Annotation: the configuration generation the DaemonSet's image was derived at.
-pub const ANNOTATION_GENERATION: &str = "kudos.dev/config-generation";
 /// Mount path of the NVML library directory inside NVIDIA plugin containers.
 pub const NVML_MOUNT_PATH: &str = "/run/kudos/nvml-lib";
-/// Env variable pointing the plugin at [`NVML_MOUNT_PATH`].
-pub const ENV_NVML_LIBRARY_DIR: &str = "KUDOS_NVML_LIBRARY_DIR";
-/// Env variable carrying the node name (downward API).
-pub const ENV_NODE_NAME: &str = "NODE_NAME";
-/// Env variable naming the plugin's state directory.
-pub const ENV_STATE_DIR: &str = "KUDOS_STATE_DIR";
 /// Label selector of the DaemonSets this crate owns.
 pub const OWNED_SELECTOR: &str =
     "app.kubernetes.io/managed-by=kudos-orchestrator,app.kubernetes.io/component=device-plugin";
@@ -70,7 +60,7 @@ const STATE_MOUNT_PATH: &str = "/var/lib/kudos";
 pub enum RenderError {
     /// The configuration view is invalid.
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(#[from] PluginConfigError),
     /// YAML serialization failed (dry run).
     #[error("serializing DaemonSet {name} to YAML")]
     Yaml {
@@ -158,7 +148,7 @@ pub fn daemonset_name(settings: &RolloutSettings, group: &str) -> String {
 /// Renders the DaemonSets of every group that has a derived image, sorted by name. Groups
 /// still waiting for their first image are left out (see [`pending_groups`]).
 pub fn render_daemonsets(
-    view: &PluginConfigView,
+    view: &PluginConfig,
     settings: &RolloutSettings,
 ) -> Result<Vec<DaemonSet>, RenderError> {
     let mut out = Vec::new();
@@ -176,7 +166,7 @@ pub fn render_daemonsets(
 }
 
 /// Groups of the configuration that have no derived image yet.
-pub fn pending_groups(view: &PluginConfigView) -> Result<Vec<String>, ConfigError> {
+pub fn pending_groups(view: &PluginConfig) -> Result<Vec<String>, PluginConfigError> {
     Ok(view
         .groups()?
         .into_iter()
@@ -187,10 +177,7 @@ pub fn pending_groups(view: &PluginConfigView) -> Result<Vec<String>, ConfigErro
 
 /// Dry run: the manifests [`render_daemonsets`] produces, as a multi-document YAML stream,
 /// with a comment naming groups that wait for an image.
-pub fn render_yaml(
-    view: &PluginConfigView,
-    settings: &RolloutSettings,
-) -> Result<String, RenderError> {
+pub fn render_yaml(view: &PluginConfig, settings: &RolloutSettings) -> Result<String, RenderError> {
     let mut out = String::new();
     for g in pending_groups(view)? {
         out.push_str(&format!(
@@ -210,7 +197,7 @@ pub fn render_yaml(
 fn labels(group: &str, with_managed: bool) -> BTreeMap<String, String> {
     let mut l = BTreeMap::from([
         (LABEL_NAME.to_string(), "kudos-device-plugin".to_string()),
-        (LABEL_GROUP.to_string(), group.to_string()),
+        (labels::PLUGIN_GROUP.to_string(), group.to_string()),
     ]);
     if with_managed {
         l.insert(LABEL_MANAGED_BY.into(), MANAGED_BY.into());
@@ -239,7 +226,7 @@ fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     }
 }
 
-fn env(name: &str, value: &str) -> EnvVar {
+fn env_var(name: &str, value: &str) -> EnvVar {
     EnvVar {
         name: name.into(),
         value: Some(value.into()),
@@ -275,7 +262,7 @@ pub fn render_group(
     ];
     let mut envs = vec![
         EnvVar {
-            name: ENV_NODE_NAME.into(),
+            name: env::NODE_NAME.into(),
             value_from: Some(EnvVarSource {
                 field_ref: Some(ObjectFieldSelector {
                     field_path: "spec.nodeName".into(),
@@ -285,7 +272,7 @@ pub fn render_group(
             }),
             ..EnvVar::default()
         },
-        env(ENV_STATE_DIR, STATE_MOUNT_PATH),
+        env_var(env::STATE_DIR, STATE_MOUNT_PATH),
     ];
     if has("amd") {
         volumes.push(host_volume("sys", "/sys", "Directory"));
@@ -298,14 +285,14 @@ pub fn render_group(
             "Directory",
         ));
         mounts.push(mount("nvml-lib", NVML_MOUNT_PATH, true));
-        envs.push(env(ENV_NVML_LIBRARY_DIR, NVML_MOUNT_PATH));
+        envs.push(env_var(env::NVML_LIBRARY_DIR, NVML_MOUNT_PATH));
         // With the NVIDIA container toolkit, this gives the plugin the device nodes NVML
         // needs without running privileged.
-        envs.push(env("NVIDIA_VISIBLE_DEVICES", "all"));
-        envs.push(env("NVIDIA_DRIVER_CAPABILITIES", "utility"));
+        envs.push(env_var("NVIDIA_VISIBLE_DEVICES", "all"));
+        envs.push(env_var("NVIDIA_DRIVER_CAPABILITIES", "utility"));
     }
     for (k, v) in &settings.env {
-        envs.push(env(k, v));
+        envs.push(env_var(k, v));
     }
     envs.sort_by(|a, b| a.name.cmp(&b.name));
     envs.dedup_by(|a, b| a.name == b.name);
@@ -389,7 +376,7 @@ pub fn render_group(
             namespace: Some(settings.namespace.clone()),
             labels: Some(labels(&group.name, true)),
             annotations: Some(BTreeMap::from([(
-                ANNOTATION_GENERATION.to_string(),
+                labels::CONFIG_GENERATION.to_string(),
                 image_generation.to_string(),
             )])),
             ..ObjectMeta::default()

@@ -1,6 +1,6 @@
 use super::*;
-use crate::config::DerivedImage;
-use crate::config::tests::mk_view;
+use crate::fixtures::mk_view;
+use kudos_api::DerivedImage;
 
 fn mk_image(group: &str, generation: u64) -> DerivedImage {
     DerivedImage {
@@ -13,7 +13,7 @@ fn mk_image(group: &str, generation: u64) -> DerivedImage {
     }
 }
 
-fn mk_imaged_view() -> PluginConfigView {
+fn mk_imaged_view() -> PluginConfig {
     let mut v = mk_view();
     for g in ["amd", "amd-nvidia", "nvidia"] {
         v.images.insert(g.into(), mk_image(g, 5));
@@ -106,7 +106,7 @@ fn image_by_digest_labels_and_generation_annotation() {
     assert_eq!(labels[LABEL_MANAGED_BY], MANAGED_BY);
     assert_eq!(labels[LABEL_COMPONENT], COMPONENT);
     assert_eq!(
-        nv.metadata.annotations.as_ref().unwrap()[ANNOTATION_GENERATION],
+        nv.metadata.annotations.as_ref().unwrap()[labels::CONFIG_GENERATION],
         "5"
     );
     assert_eq!(nv.metadata.namespace.as_deref(), Some("kudos-system"));
@@ -202,12 +202,12 @@ proptest::proptest! {
     fn every_node_in_exactly_its_groups_daemonset(
         nodes in proptest::collection::btree_map("[a-z][a-z0-9]{0,6}", 1u8..8, 1..12)
     ) {
-        use crate::config::VendorEntry;
+        use kudos_api::VendorEntry;
         let vendors = ["amd", "intel", "nvidia"];
-        let mut view = PluginConfigView {
+        let mut view = PluginConfig {
             generation: 1,
             unified_resource_name: "kudos.dev/gpu".into(),
-            ..PluginConfigView::default()
+            ..PluginConfig::default()
         };
         for (node, mask) in &nodes {
             let entry: BTreeMap<String, VendorEntry> = vendors
@@ -229,7 +229,7 @@ proptest::proptest! {
             let holders: Vec<String> = dss
                 .iter()
                 .filter(|d| affinity_nodes(d).contains(node))
-                .map(|d| d.metadata.labels.as_ref().unwrap()[LABEL_GROUP].clone())
+                .map(|d| d.metadata.labels.as_ref().unwrap()[labels::PLUGIN_GROUP].clone())
                 .collect();
             proptest::prop_assert_eq!(holders, vec![group]);
         }

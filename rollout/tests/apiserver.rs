@@ -12,13 +12,13 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, Patch, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kudos_rollout::config::{DeviceEntry, VendorEntry};
 use kudos_rollout::credentials::{CredentialsError, resolve_auth};
 use kudos_rollout::render::{OWNED_SELECTOR, affinity_nodes};
 use kudos_rollout::{
-    CredentialSource, DerivedImage, ImageRecorder, PluginConfigView, RolloutMetrics,
-    RolloutSettings, apply,
+    CredentialSource, DerivedImage, ImageRecorder, PluginConfig, RolloutMetrics, RolloutSettings,
+    apply,
 };
+use kudos_rollout::{DeviceRecord, VendorEntry};
 use oci_client::secrets::RegistryAuth;
 
 const TOKEN: &str = "kudos-rollout-test-token";
@@ -160,16 +160,16 @@ fn image(group: &str) -> DerivedImage {
     }
 }
 
-fn view() -> PluginConfigView {
+fn view() -> PluginConfig {
     let vendor = |v: &str, id: &str| {
         (
             v.to_string(),
             VendorEntry {
                 vendor_resource_name: format!("{v}.com/gpu"),
                 plugin_version: "0.1.0".into(),
-                devices: vec![DeviceEntry {
+                devices: vec![DeviceRecord {
                     id: id.into(),
-                    ..DeviceEntry::default()
+                    ..DeviceRecord::default()
                 }],
             },
         )
@@ -177,7 +177,7 @@ fn view() -> PluginConfigView {
     let node = |vs: Vec<(String, VendorEntry)>| -> BTreeMap<String, VendorEntry> {
         vs.into_iter().collect()
     };
-    PluginConfigView {
+    PluginConfig {
         generation: 3,
         unified_resource_name: "kudos.dev/gpu".into(),
         nodes: BTreeMap::from([

@@ -8,12 +8,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kudos_rollout::config::{DeviceEntry, VendorEntry};
 use kudos_rollout::image::{build_layer, sha256_digest};
 use kudos_rollout::{
-    DeriveError, DerivedImage, ImageDeriver, ImageRecorder, PlainHttp, PluginConfigView,
+    DeriveError, DerivedImage, ImageDeriver, ImageRecorder, PlainHttp, PluginConfig,
     RegistrySettings, RetryPolicy, RolloutMetrics, RolloutSettings,
 };
+use kudos_rollout::{DeviceRecord, VendorEntry};
 use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
 use oci_client::secrets::RegistryAuth;
 use serde_json::{Value, json};
@@ -135,11 +135,11 @@ fn settings(addr: &str, base: &str, retry: RetryPolicy) -> RegistrySettings {
     }
 }
 
-fn view() -> PluginConfigView {
+fn view() -> PluginConfig {
     let nv = VendorEntry {
         vendor_resource_name: "nvidia.com/gpu".into(),
         plugin_version: "0.1.0".into(),
-        devices: vec![DeviceEntry {
+        devices: vec![DeviceRecord {
             id: "nv-GPU-0".into(),
             model: "A100".into(),
             memory_bytes: 40 << 30,
@@ -147,7 +147,7 @@ fn view() -> PluginConfigView {
             numa_node: Some(0),
         }],
     };
-    PluginConfigView {
+    PluginConfig {
         generation: 7,
         unified_resource_name: "kudos.dev/gpu".into(),
         nodes: BTreeMap::from([(

@@ -21,9 +21,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
-/// Longest device ID we serve: the kubelet stores IDs in checkpoints and CDI names; 63 keeps
-/// them valid label values too.
-pub const MAX_DEVICE_ID_LEN: usize = 63;
+use kudos_api::bounds::MAX_DEVICE_ID_LEN;
 
 /// Errors from backends.
 #[derive(Debug, thiserror::Error)]
@@ -191,12 +189,10 @@ pub trait DeviceBackend: Send + Sync + 'static {
 
 /// Checks the ID rules every backend must meet.
 pub fn validate_device_id(id: &str, prefix: &str) -> Result<(), BackendError> {
+    // The same bounds the orchestrator checks when the plugin reports (kudos-api).
     let ok = id.starts_with(prefix)
-        && id.len() <= MAX_DEVICE_ID_LEN
         && id.len() > prefix.len()
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'));
+        && kudos_api::bounds::validate_device_id(id).is_ok();
     if ok {
         Ok(())
     } else {

@@ -89,7 +89,8 @@ impl StaticBackend {
                 file.vendor
             )));
         }
-        crate::resource_name::validate(&file.resource_name).map_err(|e| invalid(e.to_string()))?;
+        kudos_api::resource_name::validate(&file.resource_name)
+            .map_err(|e| invalid(e.to_string()))?;
         let prefix = format!("{key}-");
         let mut devices = Vec::new();
         let mut nodes = HashMap::new();

@@ -396,7 +396,7 @@ impl Index {
                     format!(
                         "Kudos knows no accelerators on this node: no kudos-device-plugin report and no {} label; \
                          check that the device plugin runs there",
-                        crate::kobj::LABEL_VENDOR
+                        kudos_api::labels::GPU_VENDOR
                     ),
                 ));
                 continue;

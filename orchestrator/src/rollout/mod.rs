@@ -3,9 +3,9 @@
 //!
 //! ```text
 //!  ReportPlugin ─▶ store + index ─▶ plugin_updates (watch<PluginConfig>)
-//!                                        │ bridge: PluginConfigView::from_config
+//!                                        │ bridge: fills in the unified name when unset
 //!                                        ▼
-//!                       watch<Arc<PluginConfigView>> ──▶ kudos_rollout::run ──▶ registry, DaemonSets
+//!                       watch<Arc<PluginConfig>> ──▶ kudos_rollout::run ──▶ registry, DaemonSets
 //!                                        │                      │ ImageRecorder::record
 //!                                        ▼                      ▼
 //!      monitor pass (period / change) ◀─ DaemonSet watch    ConfigRecorder: store + index + publish
@@ -44,7 +44,7 @@ use kube::runtime::watcher::{self, Event};
 use kudos_rollout::reconcile::RecordError;
 use kudos_rollout::{
     Ctx, DerivedImage, ImageDeriver, ImageRecorder, Mode, MonitorInputs, MonitorMetrics,
-    MonitorPolicy, PluginConfigView, RolloutSettings,
+    MonitorPolicy, RolloutSettings,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -98,16 +98,11 @@ pub async fn record_images(
         .map_err(|_| "index lock poisoned")?
         .plugin_config()
         .clone();
-    let groups: BTreeSet<String> = PluginConfigView::from_config(&cfg)?
-        .groups()?
-        .into_iter()
-        .map(|g| g.name)
-        .collect();
+    let groups: BTreeSet<String> = cfg.groups()?.into_iter().map(|g| g.name).collect();
     let before = cfg.images.clone();
     for (group, image) in images {
         if groups.contains(group) {
-            cfg.images
-                .insert(group.clone(), serde_json::to_value(image)?);
+            cfg.images.insert(group.clone(), image.clone());
         } else {
             tracing::info!(%group, derived_at, "not recording the image of a group that left the configuration");
         }
@@ -158,10 +153,10 @@ impl NodeMonitoring {
     pub fn pass(
         &self,
         index: &SharedIndex,
-        view: &PluginConfigView,
+        view: &PluginConfig,
         daemonsets: &[DaemonSet],
         now: SystemTime,
-    ) -> Result<usize, kudos_rollout::ConfigError> {
+    ) -> Result<usize, kudos_rollout::PluginConfigError> {
         let obs = match index.read() {
             Ok(i) => i.monitor_observations(),
             Err(_) => return Ok(0),
@@ -197,30 +192,23 @@ impl NodeMonitoring {
 /// The rollout view of a configuration. A configuration nothing was ever reported to has no
 /// unified name yet; it gets the orchestrator's, so an empty configuration is valid (and
 /// rollout prunes nothing but what it owns).
-pub fn to_view(cfg: &PluginConfig, unified: &str) -> Result<PluginConfigView, serde_json::Error> {
-    let mut v = PluginConfigView::from_config(cfg)?;
+pub fn to_view(cfg: &PluginConfig, unified: &str) -> PluginConfig {
+    let mut v = cfg.clone();
     if v.unified_resource_name.is_empty() {
         v.unified_resource_name = unified.to_owned();
     }
-    Ok(v)
+    v
 }
 
 /// Converts the published configuration into rollout views, for as long as both ends live.
 async fn bridge(
     mut configs: watch::Receiver<PluginConfig>,
-    views: watch::Sender<Arc<PluginConfigView>>,
+    views: watch::Sender<Arc<PluginConfig>>,
     unified: String,
 ) {
     loop {
         let cfg = configs.borrow_and_update().clone();
-        match to_view(&cfg, &unified) {
-            Ok(v) => {
-                views.send_replace(Arc::new(v));
-            }
-            Err(e) => {
-                tracing::error!(error = %e, generation = cfg.generation, "plugin configuration does not convert to the rollout view")
-            }
-        }
+        views.send_replace(Arc::new(to_view(&cfg, &unified)));
         if configs.changed().await.is_err() {
             return;
         }
@@ -287,8 +275,7 @@ pub fn start(
             "rollout is enabled but there is no cluster (standalone); use --dry-run-rollout to print manifests without one"
         );
     }
-    let initial = to_view(&ingest.plugin_updates.borrow(), &ingest.unified)
-        .context("converting the plugin configuration for rollout")?;
+    let initial = to_view(&ingest.plugin_updates.borrow(), &ingest.unified);
     let (views_tx, views_rx) = watch::channel(Arc::new(initial));
     tokio::spawn(
         bridge(

@@ -1,10 +1,12 @@
-//! The kubelet's extended-resource-name rules (`IsExtendedResourceName` in
-//! k8s.io/kubernetes/pkg/apis/core/v1/helper), checked before we register, because the kubelet
-//! answers a bad name only with a registration error in its own log.
+//! The unified resource name: its default, and the kubelet's extended-resource-name rules
+//! (`IsExtendedResourceName` in k8s.io/kubernetes/pkg/apis/core/v1/helper). The orchestrator
+//! checks a configured name and the device plugin checks the name it is given with the same
+//! function, because the kubelet answers a bad name only with a registration error in its own
+//! log.
 
 /// Why a name is not a valid extended resource name.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub enum NameError {
+pub enum ResourceNameError {
     /// No `domain/` prefix: that is a native resource.
     #[error("{0:?} has no domain prefix (e.g. kudos.dev/gpu)")]
     NoDomain(String),
@@ -20,21 +22,21 @@ pub enum NameError {
     Syntax(String, &'static str),
 }
 
-/// Default unified resource name.
-pub const DEFAULT: &str = "kudos.dev/gpu";
+/// Default unified resource name every vendor's devices are registered under.
+pub const DEFAULT_UNIFIED_RESOURCE_NAME: &str = "kudos.dev/gpu";
 
 /// Checks `name` against the kubelet's rules.
-pub fn validate(name: &str) -> Result<(), NameError> {
+pub fn validate(name: &str) -> Result<(), ResourceNameError> {
     let Some((prefix, local)) = name.split_once('/') else {
-        return Err(NameError::NoDomain(name.into()));
+        return Err(ResourceNameError::NoDomain(name.into()));
     };
     if name.contains("kubernetes.io/") {
-        return Err(NameError::Reserved(name.into()));
+        return Err(ResourceNameError::Reserved(name.into()));
     }
     if name.starts_with("requests.") {
-        return Err(NameError::RequestsPrefix(name.into()));
+        return Err(ResourceNameError::RequestsPrefix(name.into()));
     }
-    let syntax = |why| NameError::Syntax(name.into(), why);
+    let syntax = |why| ResourceNameError::Syntax(name.into(), why);
     // The kubelet validates "requests." + name, so the prefix gets 9 characters less.
     if prefix.is_empty() || prefix.len() + "requests.".len() > 253 {
         return Err(syntax("prefix must be 1..=244 characters"));
@@ -85,18 +87,21 @@ mod tests {
 
     #[test]
     fn rejects_what_the_kubelet_rejects() {
-        assert!(matches!(validate("gpu"), Err(NameError::NoDomain(_))));
+        assert!(matches!(
+            validate("gpu"),
+            Err(ResourceNameError::NoDomain(_))
+        ));
         assert!(matches!(
             validate("kubernetes.io/gpu"),
-            Err(NameError::Reserved(_))
+            Err(ResourceNameError::Reserved(_))
         ));
         assert!(matches!(
             validate("foo.kubernetes.io/gpu"),
-            Err(NameError::Reserved(_))
+            Err(ResourceNameError::Reserved(_))
         ));
         assert!(matches!(
             validate("requests.kudos.dev/gpu"),
-            Err(NameError::RequestsPrefix(_))
+            Err(ResourceNameError::RequestsPrefix(_))
         ));
         for n in [
             "/gpu",
@@ -107,7 +112,10 @@ mod tests {
             "kudos.dev/g/pu",
             "kudos.dev/g pu",
         ] {
-            assert!(matches!(validate(n), Err(NameError::Syntax(..))), "{n}");
+            assert!(
+                matches!(validate(n), Err(ResourceNameError::Syntax(..))),
+                "{n}"
+            );
         }
         assert!(validate(&format!("kudos.dev/{}", "g".repeat(64))).is_err());
         assert!(validate(&format!("{}/gpu", "a".repeat(250))).is_err());
