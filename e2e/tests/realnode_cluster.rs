@@ -6,33 +6,12 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{LogParams, PostParams};
-use kudos_e2e::paths::upstream_bin;
 use kudos_e2e::proc::wait_for;
 use kudos_e2e::realnode::gpus::{self, MODEL_A, MODEL_B};
 use kudos_e2e::realnode::{RealCluster, host};
 use kudos_e2e::{RunDir, require_bins};
 use serde_json::json;
 use std::time::{Duration, Instant};
-
-/// What every real-node test needs besides the image archives.
-pub fn realnode_bins() -> Vec<std::path::PathBuf> {
-    let mut v: Vec<_> = [
-        "etcd",
-        "kube-apiserver",
-        "kube-controller-manager",
-        "kube-scheduler",
-        "kubelet",
-        "containerd",
-        "containerd-shim-runc-v2",
-        "ctr",
-    ]
-    .iter()
-    .map(|b| upstream_bin(b))
-    .collect();
-    v.extend(gpus::image_archives());
-    v.push("/usr/lib/cni/bridge".into());
-    v
-}
 
 fn workload_pod(name: &str, node: &str, uuid: &str) -> Pod {
     serde_json::from_value(json!({
@@ -54,7 +33,7 @@ fn workload_pod(name: &str, node: &str, uuid: &str) -> Pod {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_real_nodes_run_containers_and_leave_the_host_clean() -> anyhow::Result<()> {
-    if !require_bins("realnode_cluster", &realnode_bins()) {
+    if !require_bins("realnode_cluster", &gpus::required_files()) {
         return Ok(());
     }
     let run = RunDir::new("realnode-cluster")?;

@@ -70,3 +70,24 @@ pub fn two_gpu_nodes(run_dir: &Path) -> Result<RealClusterOptions> {
     }
     Ok(o)
 }
+
+/// Every file a real-node scenario needs: the upstream binaries `e2e/build` builds, the image
+/// archives and the CNI bridge plugin (Debian's containernetworking-plugins).
+pub fn required_files() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = [
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kubelet",
+        "containerd",
+        "containerd-shim-runc-v2",
+        "ctr",
+    ]
+    .iter()
+    .map(|b| crate::paths::upstream_bin(b))
+    .collect();
+    v.extend(image_archives());
+    v.push("/usr/lib/cni/bridge".into());
+    v
+}

@@ -38,6 +38,18 @@ pub const KUBELET_SYSCTLS: &[(&str, &str)] = &[
     ("kernel/keys/root_maxkeys", "1000000"),
     ("kernel/keys/root_maxbytes", "25000000"),
 ];
+/// Host paths a container runtime, CNI or the kubelet would create by default; none may appear.
+const WATCHED_PATHS: &[&str] = &[
+    "/opt/containerd",
+    "/run/nri",
+    "/var/run/cdi",
+    "/etc/cni",
+    "/var/lib/containerd",
+    "/run/netns",
+    "/var/log/pods",
+    "/etc/kubernetes",
+    "/var/run/kubernetes",
+];
 /// Further host sysctls a container runtime or CNI plugin might change.
 const WATCHED_SYSCTLS: &[&str] = &["net/ipv4/ip_forward", "net/bridge/bridge-nf-call-iptables"];
 
@@ -52,7 +64,7 @@ pub struct HostSnapshot {
     pub cgroups: Vec<PathBuf>,
     /// `rn-*` network links.
     pub bridges: Vec<String>,
-    /// Which [`PRIVATE_DIRS`] exist.
+    /// Which [`PRIVATE_DIRS`] and default runtime paths exist.
     pub private_dirs: Vec<String>,
     /// Host mounts under the private directories.
     pub mounts: Vec<String>,
@@ -92,6 +104,7 @@ impl HostSnapshot {
             bridges: realnode_links(),
             private_dirs: PRIVATE_DIRS
                 .iter()
+                .chain(WATCHED_PATHS)
                 .filter(|d| Path::new(d).exists())
                 .map(|d| d.to_string())
                 .collect(),
@@ -285,9 +298,14 @@ pub fn cleanup() -> Result<()> {
             .stderr(Stdio::null())
             .status();
     }
+    let in_use = mount_points_in_other_namespaces();
     for d in PRIVATE_DIRS.iter().rev() {
-        // Only empty mount points go; rmdir refuses anything with content.
-        let _ = std::fs::remove_dir(d);
+        // Only empty mount points go (rmdir refuses anything with content), and none that a
+        // live namespace still mounts over (e.g. a kubelet-dm test running beside us): removing
+        // those would detach the other namespace's mount.
+        if !in_use.iter().any(|m| m == d) {
+            let _ = std::fs::remove_dir(d);
+        }
     }
     let left = realnode_cgroups();
     if !left.is_empty() {
@@ -298,6 +316,39 @@ pub fn cleanup() -> Result<()> {
         anyhow::bail!("realnode cleanup: processes still running: {left:?}");
     }
     Ok(())
+}
+
+/// Mount points of every mount namespace other than ours (one process read per namespace).
+fn mount_points_in_other_namespaces() -> Vec<String> {
+    let mine = std::fs::read_link("/proc/self/ns/mnt").ok();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in rd.flatten() {
+        if !e
+            .file_name()
+            .to_string_lossy()
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+        {
+            continue;
+        }
+        let Ok(ns) = std::fs::read_link(e.path().join("ns/mnt")) else {
+            continue;
+        };
+        if Some(&ns) == mine.as_ref() || !seen.insert(ns) {
+            continue;
+        }
+        if let Ok(mi) = std::fs::read_to_string(e.path().join("mountinfo")) {
+            out.extend(
+                mi.lines()
+                    .filter_map(|l| l.split(' ').nth(4).map(str::to_string)),
+            );
+        }
+    }
+    out
 }
 
 /// Creates the cgroup root `/<name>` in every v1 hierarchy (the kubelet requires its

@@ -200,6 +200,8 @@ impl RealNode {
         let containerd = format!(
             r#"# containerd 2.x, node {name}: everything under {n}.
 version = 3
+# NRI would open /run/nri on the host, and the opt plugin creates /opt/containerd.
+disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.opt"]
 root = "{n}/containerd/root"
 state = "{n}/containerd/state"
 [grpc]
@@ -304,6 +306,9 @@ nodeStatusUpdateFrequency: 2s
         let _ = std::fs::remove_file(self.socket());
         let mut c = self.in_namespace(upstream_bin("containerd"))?;
         c.arg("--config").arg(self.dir.join("containerd.toml"));
+        // containerd finds its shim (containerd-shim-runc-v2) on the PATH.
+        let bin = crate::paths::upstream_bin_dir();
+        c.env("PATH", format!("{}:{FENCED_PATH}", bin.display()));
         let p = Proc::spawn(
             &format!("containerd-{}", self.spec.name),
             c,
