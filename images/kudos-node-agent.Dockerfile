@@ -4,4 +4,7 @@
 # Runs as root: it reads the kubelet PodResources socket and NVML device nodes.
 FROM scratch
 COPY rootfs/ /
+# As NVIDIA's own device-plugin image: ask the NVIDIA container toolkit for the driver's NVML
+# library (utility capability) and every GPU, so the shipped manifests need no host path for it.
+ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=utility
 ENTRYPOINT ["/usr/local/bin/kudos-node-agent"]

@@ -109,6 +109,11 @@ pub struct ControlPlaneOptions {
     pub scheduler_qps: Option<u32>,
     /// Extra kube-apiserver flags.
     pub apiserver_args: Vec<String>,
+    /// Extra lines of the static token file (`token,user,uid,"group1,group2"`).
+    pub extra_tokens: Vec<String>,
+    /// Environment set on every control-plane process (the real-node harness marks its
+    /// processes this way so a later run can find them).
+    pub env: Vec<(String, String)>,
 }
 
 /// A running control plane. Dropping it stops scheduler, apiserver, etcd in that order.
@@ -123,6 +128,7 @@ pub struct ControlPlane {
     pub client: Client,
     /// The run directory (logs, certificates, data).
     pub dir: PathBuf,
+    env: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -134,7 +140,7 @@ impl std::fmt::Debug for ControlPlane {
     }
 }
 
-fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
+pub(crate) fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
     let out = Command::new("openssl")
         .args(args)
         .current_dir(dir)
@@ -212,7 +218,7 @@ fn make_certs(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn write_kubeconfig(path: &Path, server: &str, ca: &Path, token: &str) -> Result<()> {
+pub(crate) fn write_kubeconfig(path: &Path, server: &str, ca: &Path, token: &str) -> Result<()> {
     let kc = format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: {server}\n    certificate-authority: {}\n\
          users:\n- name: admin\n  user:\n    token: {token}\ncontexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: admin\n    namespace: default\n\
@@ -269,6 +275,7 @@ impl ControlPlane {
         // etcd
         let (ec, ep) = (free_port(), free_port());
         let mut etcd_cmd = Command::new(upstream_bin("etcd"));
+        etcd_cmd.envs(opts.env.iter().map(|(k, v)| (k, v)));
         etcd_cmd.args([
             "--name=e2e".to_string(),
             format!("--data-dir={}", dir.join("etcd").display()),
@@ -285,11 +292,14 @@ impl ControlPlane {
 
         // kube-apiserver
         let port = free_port();
-        std::fs::write(
-            dir.join("tokens.csv"),
-            format!("{ADMIN_TOKEN},kudos-e2e-admin,1,\"system:masters\"\n"),
-        )?;
+        let mut tokens = format!("{ADMIN_TOKEN},kudos-e2e-admin,1,\"system:masters\"\n");
+        for t in &opts.extra_tokens {
+            tokens.push_str(t);
+            tokens.push('\n');
+        }
+        std::fs::write(dir.join("tokens.csv"), tokens)?;
         let mut api = Command::new(upstream_bin("kube-apiserver"));
+        api.envs(opts.env.iter().map(|(k, v)| (k, v)));
         let c = |f: &str| certs.join(f).display().to_string();
         api.args([
             format!("--etcd-servers=http://127.0.0.1:{ec}"),
@@ -332,6 +342,7 @@ impl ControlPlane {
             kubeconfig,
             client,
             dir: dir.clone(),
+            env: opts.env.clone(),
         };
         let ready = wait_for(
             "kube-apiserver /readyz",
@@ -398,6 +409,7 @@ impl ControlPlane {
         let cfg = self.dir.join("scheduler-config.yaml");
         std::fs::write(&cfg, scheduler_config(&self.kubeconfig, qps, extender))?;
         let mut cmd = Command::new(upstream_bin("kube-scheduler"));
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd.args([
             format!("--config={}", cfg.display()),
             "--bind-address=127.0.0.1".into(),

@@ -22,6 +22,7 @@ pub mod null_extender;
 pub mod orchestrator;
 pub mod paths;
 pub mod proc;
+pub mod realnode;
 pub mod telemetry;
 
 pub use cluster::{ControlPlane, ControlPlaneOptions, ExtenderOptions};

@@ -183,11 +183,11 @@ func (h *harness) activePods() []*v1.Pod {
 // device manager as its hint provider, then the PodResources server.
 func (h *harness) start() error {
 	logger := klog.Background()
-	tm, err := topologymanager.NewManager(nil, "none", "container", nil)
+	tm, err := topologymanager.NewManager(logger, nil, "none", "container", nil)
 	if err != nil {
 		return err
 	}
-	dm, err := devicemanager.NewManagerImpl(nil, tm)
+	dm, err := devicemanager.NewManagerImpl(logger, nil, tm)
 	if err != nil {
 		return err
 	}
@@ -309,12 +309,12 @@ type mountOut struct {
 }
 
 type containerOut struct {
-	Name        string            `json:"name"`
-	Envs        map[string]string `json:"envs"`
-	Devices     []deviceOut       `json:"devices"`
-	Mounts      []mountOut        `json:"mounts"`
-	Annotations map[string]string `json:"annotations"`
-	CDIDevices  []string          `json:"cdi_devices"`
+	Name        string              `json:"name"`
+	Envs        map[string]string   `json:"envs"`
+	Devices     []deviceOut         `json:"devices"`
+	Mounts      []mountOut          `json:"mounts"`
+	Annotations map[string]string   `json:"annotations"`
+	CDIDevices  []string            `json:"cdi_devices"`
 	DeviceIDs   map[string][]string `json:"device_ids"`
 }
 
@@ -354,7 +354,7 @@ func (h *harness) mux() *http.ServeMux {
 			fail(w, 503, fmt.Errorf("stopped"))
 			return
 		}
-		capacity, allocatable, inactive := dm.GetCapacity()
+		capacity, allocatable, inactive := dm.GetCapacity(klog.Background())
 		cOut, aOut := map[string]int64{}, map[string]int64{}
 		for k, v := range capacity {
 			cOut[string(k)] = v.Value()
@@ -363,7 +363,7 @@ func (h *harness) mux() *http.ServeMux {
 			aOut[string(k)] = v.Value()
 		}
 		devs := map[string]map[string]string{}
-		for res, d := range dm.GetAllocatableDevices() {
+		for res, d := range dm.GetAllocatableDevices(klog.Background()) {
 			devs[res] = map[string]string{}
 			for id, dev := range d {
 				devs[res][id] = dev.Health
@@ -410,7 +410,7 @@ func (h *harness) mux() *http.ServeMux {
 		h.mu.Lock()
 		h.pods[pod.UID] = pod
 		h.mu.Unlock()
-		res := tm.Admit(&lifecycle.PodAdmitAttributes{Pod: pod, OtherPods: h.activePods()})
+		res := tm.Admit(r.Context(), &lifecycle.PodAdmitAttributes{Pod: pod, OtherPods: h.activePods(), Operation: lifecycle.AddOperation})
 		if !res.Admit {
 			h.mu.Lock()
 			delete(h.pods, pod.UID)
@@ -461,7 +461,7 @@ func (h *harness) mux() *http.ServeMux {
 		delete(h.pods, uid)
 		h.mu.Unlock()
 		if dm, _, _ := h.manager(); dm != nil {
-			dm.UpdateAllocatedDevices()
+			dm.UpdateAllocatedDevices(klog.Background())
 		}
 		writeJSON(w, 200, map[string]bool{"deleted": ok})
 	})
@@ -560,12 +560,12 @@ func (p podsProvider) GetPodByName(ns, name string) (*v1.Pod, bool) {
 
 type devicesProvider struct{ dm *devicemanager.ManagerImpl }
 
-func (d devicesProvider) UpdateAllocatedDevices() { d.dm.UpdateAllocatedDevices() }
+func (d devicesProvider) UpdateAllocatedDevices(l klog.Logger) { d.dm.UpdateAllocatedDevices(l) }
 func (d devicesProvider) GetDevices(podUID, containerName string) []*podresourcesv1.ContainerDevices {
 	return containerDevices(d.dm.GetDevices(podUID, containerName))
 }
-func (d devicesProvider) GetAllocatableDevices() []*podresourcesv1.ContainerDevices {
-	return containerDevices(d.dm.GetAllocatableDevices())
+func (d devicesProvider) GetAllocatableDevices(l klog.Logger) []*podresourcesv1.ContainerDevices {
+	return containerDevices(d.dm.GetAllocatableDevices(l))
 }
 
 // containerDevices is the kubelet's containerDevicesFromResourceDeviceInstances
@@ -593,16 +593,22 @@ func containerDevices(devs devicemanager.ResourceDeviceInstances) []*podresource
 
 type noCPUs struct{}
 
-func (noCPUs) GetCPUs(string, string) []int64 { return []int64{} }
-func (noCPUs) GetAllocatableCPUs() []int64    { return []int64{} }
+func (noCPUs) GetCPUs(*v1.Pod, *v1.Container) []int64 { return []int64{} }
+func (noCPUs) GetPodCPUs(string) []int64              { return []int64{} }
+func (noCPUs) GetAllocatableCPUs() []int64            { return []int64{} }
 
 type noMemory struct{}
 
-func (noMemory) GetMemory(string, string) []*podresourcesv1.ContainerMemory { return nil }
-func (noMemory) GetAllocatableMemory() []*podresourcesv1.ContainerMemory    { return nil }
+func (noMemory) GetMemory(klog.Logger, *v1.Pod, *v1.Container) []*podresourcesv1.ContainerMemory {
+	return nil
+}
+func (noMemory) GetPodMemory(klog.Logger, string) []*podresourcesv1.ContainerMemory { return nil }
+func (noMemory) GetAllocatableMemory(klog.Logger) []*podresourcesv1.ContainerMemory {
+	return nil
+}
 
 type noDRA struct{}
 
-func (noDRA) GetDynamicResources(*v1.Pod, *v1.Container) []*podresourcesv1.DynamicResource {
+func (noDRA) GetDynamicResources(klog.Logger, *v1.Pod, *v1.Container) []*podresourcesv1.DynamicResource {
 	return nil
 }

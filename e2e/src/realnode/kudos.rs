@@ -1,0 +1,133 @@
+//! Installing Kudos on a real-node cluster from what `deploy/manifests` ships, changing only
+//! what a cluster without kube-proxy and cluster DNS forces (see [`adapt`]).
+
+use crate::paths::repo_root;
+use anyhow::{Context, Result, bail};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::core::GroupVersionKind;
+use kube::discovery::pinned_kind;
+use serde_json::{Value, json};
+
+/// Where the orchestrator listens once it runs with `hostNetwork` (the shipped config binds
+/// `0.0.0.0`, so every node's pods reach it on loopback).
+pub const ORCHESTRATOR_HTTP: &str = "127.0.0.1:8888";
+/// The orchestrator's gRPC address on loopback.
+pub const ORCHESTRATOR_GRPC: &str = "127.0.0.1:8889";
+/// The in-cluster Service host name the shipped manifests use.
+const SERVICE_HOST: &str = "kudos-orchestrator.kudos-system.svc";
+
+/// Every document of `deploy/manifests/*.yaml`, in file order.
+pub fn shipped_manifests() -> Result<Vec<Value>> {
+    let dir = repo_root().join("deploy/manifests");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .with_context(|| format!("read {}", dir.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    let mut docs = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f)?;
+        for d in serde_yaml::Deserializer::from_str(&text) {
+            let v: Value = serde::Deserialize::deserialize(d)
+                .with_context(|| format!("parse {}", f.display()))?;
+            if !v.is_null() {
+                docs.push(v);
+            }
+        }
+    }
+    Ok(docs)
+}
+
+/// The changes this cluster needs, applied to one shipped object; everything else stays:
+/// - pods of workloads run with `hostNetwork` (no kube-proxy: Service IPs do not route, and no
+///   cluster DNS: Service names do not resolve), reach the API server through an explicit
+///   `KUBERNETES_SERVICE_HOST`/`PORT`, and the orchestrator's Service name becomes loopback;
+/// - DaemonSet pods bind their metrics port on the node's own IP (`KUDOS_METRICS_ADDR`), since
+///   all nodes share the host's network namespace here.
+pub fn adapt(mut obj: Value, api_port: u16) -> Value {
+    let kind = obj["kind"].as_str().unwrap_or_default().to_string();
+    if kind != "Deployment" && kind != "DaemonSet" {
+        return obj;
+    }
+    let spec = &mut obj["spec"]["template"]["spec"];
+    spec["hostNetwork"] = json!(true);
+    spec["dnsPolicy"] = json!("ClusterFirstWithHostNet");
+    let Some(containers) = spec["containers"].as_array_mut() else {
+        return obj;
+    };
+    for c in containers {
+        if let Some(args) = c["args"].as_array_mut() {
+            for a in args.iter_mut() {
+                if let Some(s) = a.as_str().filter(|s| s.contains(SERVICE_HOST)) {
+                    *a = json!(s.replace(SERVICE_HOST, "127.0.0.1"));
+                }
+            }
+        }
+        let metrics_port = c["ports"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["name"] == "metrics"))
+            .and_then(|p| p["containerPort"].as_u64());
+        let mut env = c["env"].as_array().cloned().unwrap_or_default();
+        let mut first = vec![
+            json!({"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}),
+            json!({"name": "KUBERNETES_SERVICE_PORT", "value": api_port.to_string()}),
+        ];
+        if kind == "DaemonSet"
+            && let Some(port) = metrics_port
+        {
+            first.push(json!({"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}));
+            first
+                .push(json!({"name": "KUDOS_METRICS_ADDR", "value": format!("$(HOST_IP):{port}")}));
+        }
+        first.append(&mut env);
+        c["env"] = Value::Array(first);
+    }
+    obj
+}
+
+/// Server-side applies `obj` (any kind the API server serves).
+pub async fn apply(client: &kube::Client, obj: &Value) -> Result<()> {
+    let (group, version) = match obj["apiVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .split_once('/')
+    {
+        Some((g, v)) => (g.to_string(), v.to_string()),
+        None => (
+            String::new(),
+            obj["apiVersion"].as_str().unwrap_or_default().to_string(),
+        ),
+    };
+    let kind = obj["kind"].as_str().unwrap_or_default();
+    let name = obj["metadata"]["name"]
+        .as_str()
+        .with_context(|| format!("{kind} without a name"))?;
+    let (ar, caps) = pinned_kind(client, &GroupVersionKind::gvk(&group, &version, kind))
+        .await
+        .with_context(|| format!("discover {kind}"))?;
+    let api: Api<DynamicObject> = match (caps.scope, obj["metadata"]["namespace"].as_str()) {
+        (kube::discovery::Scope::Namespaced, Some(ns)) => {
+            Api::namespaced_with(client.clone(), ns, &ar)
+        }
+        (kube::discovery::Scope::Namespaced, None) => bail!("{kind} {name} has no namespace"),
+        (kube::discovery::Scope::Cluster, _) => Api::all_with(client.clone(), &ar),
+    };
+    api.patch(
+        name,
+        &PatchParams::apply("kudos-e2e").force(),
+        &Patch::Apply(obj),
+    )
+    .await
+    .with_context(|| format!("apply {kind} {name}"))?;
+    Ok(())
+}
+
+/// Applies every shipped manifest, adapted, in order.
+pub async fn install(client: &kube::Client, api_port: u16) -> Result<()> {
+    for obj in shipped_manifests()? {
+        apply(client, &adapt(obj, api_port)).await?;
+    }
+    Ok(())
+}
