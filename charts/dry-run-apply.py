@@ -3,7 +3,9 @@
 and dryRun=All (nothing is stored) and strict field validation (an unknown or misspelt field is an
 error, not silently dropped). Prints one line per object; exits 1 if any object was refused.
 
-    dry-run-apply.py --server https://127.0.0.1:6443 --token T --ca ca.crt FILE...
+    dry-run-apply.py --server https://127.0.0.1:6443 --token T --ca ca.crt [--for-real] FILE...
+
+--for-real stores the objects (still strict), for tests that then run components under them.
 
 Namespaces named in the files are created for real first (a dry-run object in a namespace that
 does not exist is refused by admission, which would hide every other check).
@@ -53,6 +55,7 @@ def main():
     p.add_argument("--server", required=True)
     p.add_argument("--token", required=True)
     p.add_argument("--ca", required=True)
+    p.add_argument("--for-real", action="store_true", help="store the objects (no dryRun)")
     p.add_argument("files", nargs="+")
     args = p.parse_args()
     ctx = ssl.create_default_context(cafile=args.ca)
@@ -86,7 +89,8 @@ def main():
         if namespaced:
             base += "/namespaces/" + meta.get("namespace", "default")
         path = (f"{base}/{plural}/{meta['name']}"
-                "?dryRun=All&fieldManager=kudos-chart-test&force=true&fieldValidation=Strict")
+                "?fieldManager=kudos-chart-test&force=true&fieldValidation=Strict"
+                + ("" if args.for_real else "&dryRun=All"))
         status, out = request(args, ctx, "PATCH", path, json.dumps(d).encode(),
                               "application/apply-patch+yaml")
         if status in (200, 201):

@@ -7,9 +7,11 @@
 #   5. every flag the chart passes and docs/operators.md names is in the binary's --help, and the
 #      orchestrator starts with the configuration file the chart writes;
 #   6. the rendered objects, hooks included, are accepted by a real kube-apiserver (server-side
-#      apply, dryRun=All, strict field validation), and a broken object is refused.
-# Step 5 needs the Kudos binaries (cargo build --bins, or KUDOS_BIN_DIR); step 6 etcd and
-# kube-apiserver (e2e/build, or KUDOS_E2E_BIN_DIR). Without them they skip, or fail when
+#      apply, dryRun=All, strict field validation), and a broken object is refused;
+#   7. stored for real, the chart's RBAC lets kube-scheduler (chart's configuration) take its Lease
+#      and the orchestrator (chart's configuration) sync and become ready.
+# Step 5 needs the Kudos binaries (cargo build --bins, or KUDOS_BIN_DIR); steps 6-7 etcd,
+# kube-apiserver and kube-scheduler (e2e/build, or KUDOS_E2E_BIN_DIR). Without them they skip, or fail when
 # KUDOS_E2E_REQUIRE=1. Helm is built by charts/build-helm (cached). Needs python3-yaml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -87,6 +89,7 @@ count $d "--orchestrator-addr=http://kudos-orchestrator.kudos-system.svc:8889" 1
 count $d "audience: kudos-orchestrator" 2 "plugin and agent get a token for audience kudos-orchestrator"
 count $d "value: /run/kudos/nvml-lib/libnvidia-ml.so.1" 2 "plugin and agent load NVML from the host driver directory"
 count $d "name: NVIDIA_VISIBLE_DEVICES" 2 "plugin and agent ask the NVIDIA toolkit for the devices"
+count $d "automountServiceAccountToken: false" 1 "only the device plugin (no API calls) goes without an API token"
 has $d "{key: kudos.dev/plugin-group, operator: DoesNotExist}" "bootstrap plugin stays off nodes a rendered plugin group owns"
 has $d "resourceNames: [kudos-scheduler]" "scheduler may update only its own lease"
 has $d "helm.sh/hook: post-delete" "uninstall cleanup Job is a post-delete hook"
@@ -176,6 +179,61 @@ if [[ -x $bins/kudos-orchestrator ]]; then
   done
 fi
 
+# Step 7, run by step 6 once its kube-apiserver is up: the chart's objects stored for real;
+# kube-scheduler and the orchestrator run with their own service accounts' tokens, so the chart's
+# RBAC is shown to be enough: the scheduler takes its Lease with the chart's configuration, the
+# orchestrator syncs its watches and becomes ready, and neither logs a refused request.
+api() { curl -sf --cacert "$pki/ca.crt" -H "Authorization: Bearer $token" "$@"; }
+sa_kubeconfig() { # sa_kubeconfig <service account> <file>
+  local sa_token
+  sa_token=$(api -X POST -H 'Content-Type: application/json' \
+    -d '{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{"expirationSeconds":3600}}' \
+    "https://127.0.0.1:$port/api/v1/namespaces/kudos-system/serviceaccounts/$1/token" \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)["status"]["token"])') || return 1
+  printf 'apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster: {server: "https://127.0.0.1:%s", certificate-authority: "%s"}\nusers:\n- name: %s\n  user: {token: "%s"}\ncontexts:\n- name: t\n  context: {cluster: t, user: %s}\ncurrent-context: t\n' \
+    "$port" "$pki/ca.crt" "$1" "$sa_token" "$1" > "$2"
+}
+forbidden() { grep -i "forbidden" "$1" | head -3; }
+run_under_chart_rbac() {
+  if ! out=$(apply --for-real "$d" 2>&1); then fail "storing the default rendering:"$'\n'"$out"; return; fi
+  if [[ -x $bin/kube-scheduler ]] && sa_kubeconfig kudos-scheduler "$tmp/scheduler.kubeconfig"; then
+    { tpl --show-only templates/scheduler-config.yaml | python3 -c 'import sys, yaml; print(yaml.safe_load(sys.stdin)["data"]["config.yaml"])'
+      printf 'clientConnection:\n  kubeconfig: %s\n' "$tmp/scheduler.kubeconfig"; } > "$tmp/scheduler.yaml"
+    "$bin/kube-scheduler" --config="$tmp/scheduler.yaml" --bind-address=127.0.0.1 --secure-port="$(free_port)" \
+      --cert-dir="$tmp/scheduler-certs" --authentication-kubeconfig="$tmp/scheduler.kubeconfig" \
+      --authorization-kubeconfig="$tmp/scheduler.kubeconfig" --v=2 >"$tmp/scheduler.log" 2>&1 &
+    pids+=($!)
+    local holder=""
+    for _ in $(seq 1 240); do
+      holder=$(api "https://127.0.0.1:$port/apis/coordination.k8s.io/v1/namespaces/kudos-system/leases/kudos-scheduler" 2>/dev/null \
+        | python3 -c 'import json, sys; print(json.load(sys.stdin)["spec"].get("holderIdentity", ""))' 2>/dev/null) && [[ -n $holder ]] && break
+      sleep 0.5
+    done
+    if [[ -n $holder ]]; then pass "kube-scheduler with the chart's config and RBAC holds Lease kudos-scheduler"; else fail "kube-scheduler never took Lease kudos-scheduler:"$'\n'"$(tail -15 "$tmp/scheduler.log")"; fi
+    if [[ -n $(forbidden "$tmp/scheduler.log") ]]; then fail "kube-scheduler refused by RBAC:"$'\n'"$(forbidden "$tmp/scheduler.log")"; else pass "kube-scheduler logs no refused request"; fi
+  else
+    fail "kube-scheduler with the chart's RBAC: no $bin/kube-scheduler or no token for kudos-scheduler"
+  fi
+  if [[ -x $bins/kudos-orchestrator ]] && sa_kubeconfig kudos-orchestrator "$tmp/orchestrator.kubeconfig"; then
+    config_of > "$tmp/orchestrator.yaml"
+    local hp; hp=$(free_port)
+    "$bins/kudos-orchestrator" --config "$tmp/orchestrator.yaml" --kubeconfig "$tmp/orchestrator.kubeconfig" \
+      --http-listen "127.0.0.1:$hp" --grpc-listen "127.0.0.1:$(free_port)" >"$tmp/orchestrator-rbac.log" 2>&1 &
+    opid=$!
+    local ready=0
+    for _ in $(seq 1 240); do
+      if curl -sf "http://127.0.0.1:$hp/readyz" >/dev/null 2>&1; then ready=1; break; fi
+      kill -0 "$opid" 2>/dev/null || break
+      sleep 0.5
+    done
+    if ((ready)); then pass "orchestrator with the chart's config and RBAC syncs Nodes and Pods and is ready"; else fail "orchestrator under the chart's RBAC not ready:"$'\n'"$(tail -15 "$tmp/orchestrator-rbac.log")"; fi
+    if [[ -n $(forbidden "$tmp/orchestrator-rbac.log") ]]; then fail "orchestrator refused by RBAC:"$'\n'"$(forbidden "$tmp/orchestrator-rbac.log")"; else pass "orchestrator logs no refused request"; fi
+    kill "$opid" 2>/dev/null || true; wait "$opid" 2>/dev/null || true; opid=""
+  else
+    echo "skip  orchestrator under the chart's RBAC: no kudos-orchestrator in $bins"
+  fi
+}
+
 # --- 6. server-side dry-run on a real kube-apiserver
 bin=${KUDOS_E2E_BIN_DIR:-e2e/_out/bin}
 if [[ ! -x $bin/kube-apiserver || ! -x $bin/etcd ]]; then
@@ -230,6 +288,7 @@ else
     for f in "$tmp/typo.yaml" "$tmp/type.yaml"; do
       if out=$(apply "$f" 2>&1); then fail "kube-apiserver accepted broken $(basename "$f")"; else pass "kube-apiserver refuses broken $(basename "$f"): $(grep -m1 REFUSED <<<"$out" | cut -c1-160)"; fi
     done
+    run_under_chart_rbac
   fi
 fi
 
