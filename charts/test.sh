@@ -1,0 +1,296 @@
+#!/usr/bin/env bash
+# Tests of the Helm chart (charts/kudos) and of deploy/, its rendered output:
+#   1. helm lint, default and non-default values;
+#   2. helm template with default and non-default values renders what those values promise;
+#   3. values that break values.schema.json fail with a message naming the field;
+#   4. deploy/ is in sync with the chart (charts/render-deploy --check);
+#   5. every flag the chart passes and docs/operators.md names is in the binary's --help, and the
+#      orchestrator starts with the configuration file the chart writes;
+#   6. the rendered objects, hooks included, are accepted by a real kube-apiserver (server-side
+#      apply, dryRun=All, strict field validation), and a broken object is refused;
+#   7. stored for real, the chart's RBAC lets kube-scheduler (chart's configuration) take its Lease
+#      and the orchestrator (chart's configuration) sync and become ready.
+# Step 5 needs the Kudos binaries (cargo build --bins, or KUDOS_BIN_DIR); steps 6-7 etcd,
+# kube-apiserver and kube-scheduler (e2e/build, or KUDOS_E2E_BIN_DIR). Without them they skip, or fail when
+# KUDOS_E2E_REQUIRE=1. Helm is built by charts/build-helm (cached). Needs python3-yaml.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+HELM=charts/_out/bin/helm
+KUBE_VERSION=v1.37.2
+failures=0
+pass() { printf 'ok    %s\n' "$*"; }
+fail() { printf 'FAIL  %s\n' "$*" >&2; failures=$((failures + 1)); }
+
+charts/build-helm
+tmp=$(mktemp -d)
+pids=()
+opid=""
+cleanup() {
+  for p in "${pids[@]}" $opid; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}" $opid; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+tpl() { "$HELM" template kudos charts/kudos --namespace kudos-system --kube-version "$KUBE_VERSION" "$@"; }
+
+# Non-default values a cluster operator would plausibly set.
+cat > "$tmp/custom.yaml" <<'V'
+image: {registry: registry.example.com/ml, tag: "1.2.3", pullSecrets: [regcred]}
+unifiedResourceName: accel.example.com/device
+kubeletDir: /var/snap/microk8s/common/var/lib/kubelet
+nvidia: {runtimeClassName: nvidia, driverLibraryDir: /usr/lib64, devDir: ""}
+devicePlugin: {backends: [nvidia]}
+orchestrator:
+  rollout: {enabled: true, repository: registry.example.com/ml/kudos-derived, credentialsSecret: push-creds}
+  scheduling: {threshold_factor: 1.5}
+scheduler: {schedulerName: gpu-scheduler, replicas: 1, image: {tag: v1.35.0}, extender: {ignorable: true}}
+tls: {mode: existingSecret, existingSecret: my-tls}
+uninstall: {deleteState: true}
+V
+cat > "$tmp/minimal.yaml" <<'V'
+scheduler: {enabled: false}
+nodeAgent: {enabled: false}
+tls: {mode: certManager, certManager: {issuerRef: {name: ca-issuer, kind: ClusterIssuer}}}
+orchestrator: {podDisruptionBudget: {enabled: false}}
+V
+
+# --- 1. lint
+for v in "" "$tmp/custom.yaml" "$tmp/minimal.yaml"; do
+  if out=$("$HELM" lint --strict charts/kudos --namespace kudos-system --kube-version "$KUBE_VERSION" ${v:+-f "$v"} 2>&1); then
+    pass "helm lint ${v:+-f $(basename "$v")}"
+  else
+    fail "helm lint ${v:+-f $(basename "$v")}:"$'\n'"$out"
+  fi
+done
+
+# --- 2. template
+tpl > "$tmp/default.yaml"
+tpl -f "$tmp/custom.yaml" > "$tmp/custom-out.yaml"
+tpl -f "$tmp/minimal.yaml" > "$tmp/minimal-out.yaml"
+has() { # has <file> <fixed string> <what it shows>
+  if grep -qF -- "$2" "$1"; then pass "$3"; else fail "$3: '$2' not in $(basename "$1")"; fi
+}
+hasnt() {
+  if grep -qF -- "$2" "$1"; then fail "$3: '$2' in $(basename "$1")"; else pass "$3"; fi
+}
+count() { # count <file> <fixed string> <n> <what>
+  local n; n=$(grep -cF -- "$2" "$1" || true)
+  if [[ $n == "$3" ]]; then pass "$4"; else fail "$4: '$2' $n times in $(basename "$1"), want $3"; fi
+}
+d=$tmp/default.yaml c=$tmp/custom-out.yaml m=$tmp/minimal-out.yaml
+has $d "image: localhost/kudos/kudos-orchestrator:0.1.0" "default images: registry localhost, tag appVersion"
+has $d "image: registry.k8s.io/kube-scheduler:$KUBE_VERSION" "scheduler image follows the cluster's version"
+has $d "- schedulerName: kudos" "second scheduler profile is 'kudos'"
+has $d "urlPrefix: http://kudos-orchestrator.kudos-system.svc:8888/kudos/v1" "extender URL is the orchestrator Service's HTTP port"
+count $d "--orchestrator-url=http://kudos-orchestrator.kudos-system.svc:8889" 1 "node agent gets the orchestrator gRPC address"
+count $d "--orchestrator-addr=http://kudos-orchestrator.kudos-system.svc:8889" 1 "device plugin gets the orchestrator gRPC address"
+count $d "audience: kudos-orchestrator" 2 "plugin and agent get a token for audience kudos-orchestrator"
+count $d "value: /run/kudos/nvml-lib/libnvidia-ml.so.1" 2 "plugin and agent load NVML from the host driver directory"
+count $d "name: NVIDIA_VISIBLE_DEVICES" 2 "plugin and agent ask the NVIDIA toolkit for the devices"
+count $d "automountServiceAccountToken: false" 1 "only the device plugin (no API calls) goes without an API token"
+has $d "{key: kudos.dev/plugin-group, operator: DoesNotExist}" "bootstrap plugin stays off nodes a rendered plugin group owns"
+has $d "resourceNames: [kudos-scheduler]" "scheduler may update only its own lease"
+has $d "helm.sh/hook: post-delete" "uninstall cleanup Job is a post-delete hook"
+tpl --show-only templates/orchestrator-rbac.yaml > "$tmp/rbac-default.yaml"
+tpl --show-only templates/orchestrator-rbac.yaml -f "$tmp/custom.yaml" > "$tmp/rbac-custom.yaml"
+hasnt "$tmp/rbac-default.yaml" "resources: [daemonsets]" "rollout off: orchestrator cannot touch DaemonSets"
+hasnt "$tmp/rbac-default.yaml" "verbs: [patch]" "rollout off: orchestrator cannot label nodes"
+has "$tmp/rbac-custom.yaml" "resources: [daemonsets]" "rollout on: orchestrator manages plugin DaemonSets"
+has $d "kind: Secret" "self-signed TLS Secret by default"
+count $c "accel.example.com/device" 6 "custom resource name reaches config, plugin, agent, scheduler and rollout"
+has $c "image: registry.example.com/ml/kudos/kudos-device-plugin:1.2.3" "custom registry and tag"
+count $c "runtimeClassName: nvidia" 2 "runtime class on plugin and agent"
+has $c "path: /var/snap/microk8s/common/var/lib/kubelet/device-plugins" "custom kubelet directory"
+hasnt $c "mountPath: /dev" "devDir empty: no /dev mount"
+has $c -- "--backends=nvidia" "plugin backends"
+has $c "repository: registry.example.com/ml/kudos-derived" "rollout repository in the orchestrator config"
+has $c "KUDOS_ORCHESTRATOR_ADDR: http://kudos-orchestrator.kudos-system.svc:8889" "rendered plugin groups get the orchestrator address"
+has $c "resourceNames: [push-creds]" "orchestrator reads only the push-credentials Secret"
+has $c "secretName: my-tls" "existing TLS Secret is mounted"
+has $c "ignorable: true" "extender ignorable on request"
+has $c "- schedulerName: gpu-scheduler" "custom scheduler name"
+hasnt $m "kudos-scheduler" "scheduler disabled: no kube-scheduler objects"
+count $m "kind: DaemonSet" 1 "node agent disabled: only the plugin DaemonSet"
+has $m "kind: Certificate" "cert-manager Certificate"
+hasnt $m "kind: PodDisruptionBudget" "PDB can be switched off"
+
+# --- 3. schema
+bad() { # bad <expected text in the error> <helm args...>
+  local want=$1; shift
+  if out=$(tpl "$@" 2>&1); then
+    fail "values $* accepted; want an error naming '$want'"
+  elif grep -qF -- "$want" <<<"$out"; then
+    pass "values $* refused naming '$want'"
+  else
+    fail "values $* refused without naming '$want':"$'\n'"$out"
+  fi
+}
+bad "unifiedResourceName" --set unifiedResourceName=gpu
+bad "/orchestrator/replicas" --set orchestrator.replicas=2
+bad "/orchestrator/rollout/repository" --set orchestrator.rollout.enabled=true
+bad "/scheduler/schedulerName" --set scheduler.schedulerName=default-scheduler
+bad "/image/pullPolicy" --set image.pullPolicy=Sometimes
+bad "/tls/existingSecret" --set tls.mode=existingSecret
+bad "/tls/mode" --set tls.mode=acme
+bad "replica" --set orchestrator.replica=1
+bad "/gpuNodes/nodeSelector/kudos.dev~1gpu-node" --set gpuNodes.nodeSelector.kudos\\.dev/gpu-node=true
+bad "/kubeletDir" --set kubeletDir=var/lib/kubelet
+bad "/orchestrator/ports/grpc" --set orchestrator.ports.grpc=70000
+bad "/devicePlugin/backends" --set "devicePlugin.backends={intel}"
+
+# --- 4. deploy/ in sync
+if out=$(charts/render-deploy --check 2>&1); then pass "deploy/ matches the chart"; else fail "$out"; fi
+
+# --- 5. every flag the chart passes and the docs name exists in the binary's --help
+bins=${KUDOS_BIN_DIR:-${CARGO_TARGET_DIR:-target}/debug}
+python3 charts/check-flags.py "$d" docs/operators.md "$bins" || case $? in
+  2) msg="no Kudos binaries in $bins (cargo build --bins, or set KUDOS_BIN_DIR)"
+     if [[ ${KUDOS_E2E_REQUIRE:-} == 1 ]]; then fail "$msg"; else echo "skip  flags against --help: $msg"; fi ;;
+  *) fail "flags against --help" ;;
+esac
+
+# The orchestrator starts with the configuration file the chart writes (it refuses unknown fields
+# and bad values at start, exit code 2), default and custom values alike.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+config_of() { tpl --show-only templates/orchestrator-config.yaml "$@" | python3 -c 'import sys, yaml; print(yaml.safe_load(sys.stdin)["data"]["config.yaml"])'; }
+if [[ -x $bins/kudos-orchestrator ]]; then
+  for v in "" "$tmp/custom.yaml"; do
+    config_of ${v:+-f "$v"} > "$tmp/orchestrator.yaml"
+    hp=$(free_port) gp=$(free_port)
+    # standalone, file store, rollout printed instead of pushed: no cluster or registry needed
+    "$bins/kudos-orchestrator" --config "$tmp/orchestrator.yaml" --standalone --dry-run-rollout \
+      --store file --store-path "$tmp/orchestrator.redb" --http-listen "127.0.0.1:$hp" \
+      --grpc-listen "127.0.0.1:$gp" >"$tmp/orchestrator.log" 2>&1 &
+    opid=$!
+    ready=0
+    for _ in $(seq 1 120); do
+      if curl -sf "http://127.0.0.1:$hp/readyz" >/dev/null 2>&1; then ready=1; break; fi
+      kill -0 "$opid" 2>/dev/null || break
+      sleep 0.25
+    done
+    kill "$opid" 2>/dev/null || true
+    wait "$opid" 2>/dev/null || true
+    opid=""
+    rm -f "$tmp/orchestrator.redb"
+    what="orchestrator accepts the chart's config file${v:+ (custom values)}"
+    if ((ready)); then pass "$what"; else fail "$what:"$'\n'"$(tail -5 "$tmp/orchestrator.log")"; fi
+  done
+fi
+
+# Step 7, run by step 6 once its kube-apiserver is up: the chart's objects stored for real;
+# kube-scheduler and the orchestrator run with their own service accounts' tokens, so the chart's
+# RBAC is shown to be enough: the scheduler takes its Lease with the chart's configuration, the
+# orchestrator syncs its watches and becomes ready, and neither logs a refused request.
+api() { curl -sf --cacert "$pki/ca.crt" -H "Authorization: Bearer $token" "$@"; }
+sa_kubeconfig() { # sa_kubeconfig <service account> <file>
+  local sa_token
+  sa_token=$(api -X POST -H 'Content-Type: application/json' \
+    -d '{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{"expirationSeconds":3600}}' \
+    "https://127.0.0.1:$port/api/v1/namespaces/kudos-system/serviceaccounts/$1/token" \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)["status"]["token"])') || return 1
+  printf 'apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster: {server: "https://127.0.0.1:%s", certificate-authority: "%s"}\nusers:\n- name: %s\n  user: {token: "%s"}\ncontexts:\n- name: t\n  context: {cluster: t, user: %s}\ncurrent-context: t\n' \
+    "$port" "$pki/ca.crt" "$1" "$sa_token" "$1" > "$2"
+}
+forbidden() { grep -i "forbidden" "$1" | head -3; }
+run_under_chart_rbac() {
+  if ! out=$(apply --for-real "$d" 2>&1); then fail "storing the default rendering:"$'\n'"$out"; return; fi
+  if [[ -x $bin/kube-scheduler ]] && sa_kubeconfig kudos-scheduler "$tmp/scheduler.kubeconfig"; then
+    { tpl --show-only templates/scheduler-config.yaml | python3 -c 'import sys, yaml; print(yaml.safe_load(sys.stdin)["data"]["config.yaml"])'
+      printf 'clientConnection:\n  kubeconfig: %s\n' "$tmp/scheduler.kubeconfig"; } > "$tmp/scheduler.yaml"
+    "$bin/kube-scheduler" --config="$tmp/scheduler.yaml" --bind-address=127.0.0.1 --secure-port="$(free_port)" \
+      --cert-dir="$tmp/scheduler-certs" --authentication-kubeconfig="$tmp/scheduler.kubeconfig" \
+      --authorization-kubeconfig="$tmp/scheduler.kubeconfig" --v=2 >"$tmp/scheduler.log" 2>&1 &
+    pids+=($!)
+    local holder=""
+    for _ in $(seq 1 240); do
+      holder=$(api "https://127.0.0.1:$port/apis/coordination.k8s.io/v1/namespaces/kudos-system/leases/kudos-scheduler" 2>/dev/null \
+        | python3 -c 'import json, sys; print(json.load(sys.stdin)["spec"].get("holderIdentity", ""))' 2>/dev/null) && [[ -n $holder ]] && break
+      sleep 0.5
+    done
+    if [[ -n $holder ]]; then pass "kube-scheduler with the chart's config and RBAC holds Lease kudos-scheduler"; else fail "kube-scheduler never took Lease kudos-scheduler:"$'\n'"$(tail -15 "$tmp/scheduler.log")"; fi
+    if [[ -n $(forbidden "$tmp/scheduler.log") ]]; then fail "kube-scheduler refused by RBAC:"$'\n'"$(forbidden "$tmp/scheduler.log")"; else pass "kube-scheduler logs no refused request"; fi
+  else
+    fail "kube-scheduler with the chart's RBAC: no $bin/kube-scheduler or no token for kudos-scheduler"
+  fi
+  if [[ -x $bins/kudos-orchestrator ]] && sa_kubeconfig kudos-orchestrator "$tmp/orchestrator.kubeconfig"; then
+    config_of > "$tmp/orchestrator.yaml"
+    local hp; hp=$(free_port)
+    "$bins/kudos-orchestrator" --config "$tmp/orchestrator.yaml" --kubeconfig "$tmp/orchestrator.kubeconfig" \
+      --http-listen "127.0.0.1:$hp" --grpc-listen "127.0.0.1:$(free_port)" >"$tmp/orchestrator-rbac.log" 2>&1 &
+    opid=$!
+    local ready=0
+    for _ in $(seq 1 240); do
+      if curl -sf "http://127.0.0.1:$hp/readyz" >/dev/null 2>&1; then ready=1; break; fi
+      kill -0 "$opid" 2>/dev/null || break
+      sleep 0.5
+    done
+    if ((ready)); then pass "orchestrator with the chart's config and RBAC syncs Nodes and Pods and is ready"; else fail "orchestrator under the chart's RBAC not ready:"$'\n'"$(tail -15 "$tmp/orchestrator-rbac.log")"; fi
+    if [[ -n $(forbidden "$tmp/orchestrator-rbac.log") ]]; then fail "orchestrator refused by RBAC:"$'\n'"$(forbidden "$tmp/orchestrator-rbac.log")"; else pass "orchestrator logs no refused request"; fi
+    kill "$opid" 2>/dev/null || true; wait "$opid" 2>/dev/null || true; opid=""
+  else
+    echo "skip  orchestrator under the chart's RBAC: no kudos-orchestrator in $bins"
+  fi
+}
+
+# --- 6. server-side dry-run on a real kube-apiserver
+bin=${KUDOS_E2E_BIN_DIR:-e2e/_out/bin}
+if [[ ! -x $bin/kube-apiserver || ! -x $bin/etcd ]]; then
+  msg="no kube-apiserver/etcd in $bin (e2e/build, or set KUDOS_E2E_BIN_DIR)"
+  if [[ ${KUDOS_E2E_REQUIRE:-} == 1 ]]; then fail "$msg"; else echo "skip  server-side dry-run: $msg"; fi
+elif ! python3 -c 'import yaml' 2>/dev/null; then
+  fail "server-side dry-run needs python3 with PyYAML (apt-get install python3-yaml)"
+else
+  pki=$tmp/pki; mkdir -p "$pki"
+  (
+    cd "$pki"
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 1 -subj /CN=chart-test-ca
+    openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=kube-apiserver
+    printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > san.cnf
+    openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 1 -extfile san.cnf
+    openssl genrsa -out sa.key 2048
+    openssl rsa -in sa.key -pubout -out sa.pub
+  ) >/dev/null 2>&1
+  token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  echo "$token,chart-test-admin,1,\"system:masters\"" > "$tmp/tokens.csv"
+  ec=$(free_port) ep=$(free_port) port=$(free_port)
+  "$bin/etcd" --name=t --data-dir="$tmp/etcd" --listen-client-urls=http://127.0.0.1:$ec \
+    --advertise-client-urls=http://127.0.0.1:$ec --listen-peer-urls=http://127.0.0.1:$ep \
+    --initial-advertise-peer-urls=http://127.0.0.1:$ep --initial-cluster=t=http://127.0.0.1:$ep \
+    --unsafe-no-fsync=true --log-level=warn >"$tmp/etcd.log" 2>&1 &
+  pids+=($!)
+  "$bin/kube-apiserver" --etcd-servers=http://127.0.0.1:$ec --bind-address=127.0.0.1 \
+    --advertise-address=127.0.0.1 --secure-port=$port --cert-dir="$tmp/apiserver-certs" \
+    --tls-cert-file="$pki/server.crt" --tls-private-key-file="$pki/server.key" \
+    --client-ca-file="$pki/ca.crt" --token-auth-file="$tmp/tokens.csv" --authorization-mode=RBAC \
+    --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --service-cluster-ip-range=10.0.0.0/24 --profiling=false >"$tmp/apiserver.log" 2>&1 &
+  pids+=($!)
+  ready=0
+  for _ in $(seq 1 240); do
+    if curl -sf --cacert "$pki/ca.crt" -H "Authorization: Bearer $token" "https://127.0.0.1:$port/readyz" >/dev/null 2>&1; then ready=1; break; fi
+    sleep 0.5
+  done
+  if ((ready == 0)); then
+    fail "kube-apiserver not ready in 120 s:"$'\n'"$(tail -20 "$tmp/apiserver.log")"
+  else
+    apply() { python3 charts/dry-run-apply.py --server "https://127.0.0.1:$port" --token "$token" --ca "$pki/ca.crt" "$@"; }
+    # Defaults (hooks included), the custom values, and deploy/ as `kubectl apply` users get it.
+    tpl -f "$tmp/custom.yaml" --set tls.mode=selfSigned > "$tmp/custom-selfsigned.yaml"
+    for f in "$d" "$tmp/custom-selfsigned.yaml" deploy/manifests/00-namespace.yaml deploy/manifests/10-kudos.yaml; do
+      if out=$(apply "$f" 2>&1); then pass "kube-apiserver accepts $(basename "$f") ($(tail -1 <<<"$out" | cut -d' ' -f2-))"; else fail "kube-apiserver refuses $(basename "$f"):"$'\n'"$out"; fi
+    done
+    # The check can fail: a misspelt field and a wrong type are refused.
+    sed -e 's/^  updateStrategy:$/  updateStrategi:/' "$d" > "$tmp/typo.yaml"
+    sed -e 's/^  replicas: 1$/  replicas: "one"/' "$d" > "$tmp/type.yaml"
+    for f in "$tmp/typo.yaml" "$tmp/type.yaml"; do
+      if out=$(apply "$f" 2>&1); then fail "kube-apiserver accepted broken $(basename "$f")"; else pass "kube-apiserver refuses broken $(basename "$f"): $(grep -m1 REFUSED <<<"$out" | cut -c1-160)"; fi
+    done
+    run_under_chart_rbac
+  fi
+fi
+
+if ((failures > 0)); then echo "charts/test.sh: $failures failed" >&2; exit 1; fi
+echo "charts/test.sh: all passed"
