@@ -53,6 +53,35 @@ fn profile_hash(p: &DeviceProfile) -> u64 {
     h.finish()
 }
 
+/// `a == b` without a `memcmp` call per string: the strings are a few bytes, compared in at
+/// most two overlapping words each.
+fn same_profile(a: &DeviceProfile, b: &DeviceProfile) -> bool {
+    a.count == b.count
+        && a.memory_bytes == b.memory_bytes
+        && same_bytes(a.model.as_bytes(), b.model.as_bytes())
+        && same_bytes(a.vendor.as_bytes(), b.vendor.as_bytes())
+}
+
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    fn word<const N: usize>(s: &[u8], at: usize) -> [u8; N] {
+        let mut w = [0u8; N];
+        w.copy_from_slice(&s[at..at + N]);
+        w
+    }
+    let n = a.len();
+    // Two windows, first and last, cover every byte of strings of these lengths.
+    n == b.len()
+        && match n {
+            8..=16 => {
+                word::<8>(a, 0) == word::<8>(b, 0) && word::<8>(a, n - 8) == word::<8>(b, n - 8)
+            }
+            4..=7 => {
+                word::<4>(a, 0) == word::<4>(b, 0) && word::<4>(a, n - 4) == word::<4>(b, n - 4)
+            }
+            _ => a == b,
+        }
+}
+
 /// The index of node `i`'s profile in [`Scratch::profiles`], added (and class-checked) when new.
 /// Nodes share few profiles: a linear search comparing hashes, the fields only on a hash match.
 fn profile_index(call: &Call<'_>, s: &mut Scratch, i: usize) -> usize {
@@ -61,7 +90,7 @@ fn profile_index(call: &Call<'_>, s: &mut Scratch, i: usize) -> usize {
     if let Some(p) = s
         .profiles
         .iter()
-        .position(|p| p.hash == h && call.nodes[p.first as usize].profile == *profile)
+        .position(|p| p.hash == h && same_profile(&call.nodes[p.first as usize].profile, profile))
     {
         return p;
     }
