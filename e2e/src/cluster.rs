@@ -305,13 +305,15 @@ impl ControlPlane {
             format!("--etcd-servers=http://127.0.0.1:{ec}"),
             "--bind-address=127.0.0.1".into(),
             "--advertise-address=127.0.0.1".into(),
+            // Kubernetes 1.37 refuses a loopback advertise address with the lease endpoint
+            // reconciler; nothing here routes Service IPs anyway (no kube-proxy).
+            "--endpoint-reconciler-type=none".into(),
             format!("--secure-port={port}"),
             format!("--cert-dir={}", dir.join("apiserver-certs").display()),
             format!("--tls-cert-file={}", c("server.crt")),
             format!("--tls-private-key-file={}", c("server.key")),
             format!("--client-ca-file={}", c("ca.crt")),
             format!("--token-auth-file={}", dir.join("tokens.csv").display()),
-            "--authorization-mode=RBAC".into(),
             format!("--service-account-key-file={}", c("sa.pub")),
             format!("--service-account-signing-key-file={}", c("sa.key")),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
@@ -324,6 +326,14 @@ impl ControlPlane {
             "--max-mutating-requests-inflight=1000".into(),
             "--v=1".into(),
         ]);
+        // A list flag: repeating it would append, so the default applies only when not given.
+        if !opts
+            .apiserver_args
+            .iter()
+            .any(|a| a.starts_with("--authorization-mode="))
+        {
+            api.arg("--authorization-mode=RBAC");
+        }
         api.args(&opts.apiserver_args);
         // An apiserver whose etcd died can hang on SIGTERM: bounded stop, then SIGKILL.
         let apiserver = Proc::spawn("kube-apiserver", api, &dir.join("kube-apiserver.log"))?

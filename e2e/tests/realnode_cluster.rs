@@ -33,12 +33,12 @@ fn workload_pod(name: &str, node: &str, uuid: &str) -> Pod {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_real_nodes_run_containers_and_leave_the_host_clean() -> anyhow::Result<()> {
-    if !require_bins("realnode_cluster", &gpus::required_files()) {
+    if !require_bins("realnode_cluster", &gpus::required_files(gpus::BASE_IMAGES)) {
         return Ok(());
     }
     let run = RunDir::new("realnode-cluster")?;
     let t0 = Instant::now();
-    let opts = gpus::two_gpu_nodes(run.path())?;
+    let opts = gpus::two_gpu_nodes(run.path(), gpus::BASE_IMAGES)?;
     let cluster = RealCluster::start(&run, opts).await?;
     eprintln!(
         "RESULT realnode cluster (2 nodes) Ready in {:?}",

@@ -112,12 +112,13 @@ fn registrations(log: &std::path::Path) -> (Option<f64>, Vec<f64>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Result<()> {
-    if !require_bins("realnode_kudos", &gpus::required_files()) {
+    if !require_bins("realnode_kudos", &gpus::required_files(gpus::IMAGES)) {
         return Ok(());
     }
     let run = RunDir::new("realnode-kudos")?;
     let t0 = Instant::now();
-    let mut cluster = RealCluster::start(&run, gpus::two_gpu_nodes(run.path())?).await?;
+    let mut cluster =
+        RealCluster::start(&run, gpus::two_gpu_nodes(run.path(), gpus::IMAGES)?).await?;
     let client = cluster.cp.client.clone();
     let api_port: u16 = cluster
         .cp

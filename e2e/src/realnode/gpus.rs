@@ -13,7 +13,9 @@ pub const MODEL_A: &str = "Tesla V100-SXM2-16GB";
 pub const MODEL_B: &str = "Tesla T4";
 /// GPUs per node.
 pub const GPUS_PER_NODE: u32 = 4;
-/// The images every real node imports (`images/build --archive`), by file stem.
+/// The images a cluster without Kudos needs (`images/build --archive`), by file stem.
+pub const BASE_IMAGES: &[&str] = &["pause", "kudos-workload"];
+/// The images a Kudos scenario imports into every node, by file stem.
 pub const IMAGES: &[&str] = &[
     "pause",
     "kudos-workload",
@@ -30,9 +32,9 @@ pub fn image_dir() -> PathBuf {
         .unwrap_or_else(|| repo_root().join("e2e/_out/images"))
 }
 
-/// The image tarballs, in [`IMAGES`] order.
-pub fn image_archives() -> Vec<PathBuf> {
-    IMAGES
+/// The image tarballs of `images`.
+pub fn image_archives(images: &[&str]) -> Vec<PathBuf> {
+    images
         .iter()
         .map(|i| image_dir().join(format!("{i}.tar")))
         .collect()
@@ -54,10 +56,10 @@ pub fn fake_driver(dir: &Path, node: &str, model: &str) -> Result<PathBuf> {
 }
 
 /// Two GPU nodes, `a` (4 × [`MODEL_A`]) and `b` (4 × [`MODEL_B`]), labelled
-/// `kudos.dev/gpu-node=true` as the shipped manifests expect, importing [`image_archives`].
-pub fn two_gpu_nodes(run_dir: &Path) -> Result<RealClusterOptions> {
+/// `kudos.dev/gpu-node=true` as the shipped manifests expect, importing `images`.
+pub fn two_gpu_nodes(run_dir: &Path, images: &[&str]) -> Result<RealClusterOptions> {
     let mut o = RealClusterOptions {
-        images: image_archives(),
+        images: image_archives(images),
         ..Default::default()
     };
     for (name, model) in [("a", MODEL_A), ("b", MODEL_B)] {
@@ -72,8 +74,8 @@ pub fn two_gpu_nodes(run_dir: &Path) -> Result<RealClusterOptions> {
 }
 
 /// Every file a real-node scenario needs: the upstream binaries `e2e/build` builds, the image
-/// archives and the CNI bridge plugin (Debian's containernetworking-plugins).
-pub fn required_files() -> Vec<PathBuf> {
+/// archives of `images` and the CNI bridge plugin (Debian's containernetworking-plugins).
+pub fn required_files(images: &[&str]) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = [
         "etcd",
         "kube-apiserver",
@@ -87,7 +89,7 @@ pub fn required_files() -> Vec<PathBuf> {
     .iter()
     .map(|b| crate::paths::upstream_bin(b))
     .collect();
-    v.extend(image_archives());
+    v.extend(image_archives(images));
     v.push("/usr/lib/cni/bridge".into());
     v
 }
