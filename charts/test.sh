@@ -266,15 +266,18 @@ else
     --client-ca-file="$pki/ca.crt" --token-auth-file="$tmp/tokens.csv" --authorization-mode=RBAC \
     --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
-    --service-cluster-ip-range=10.0.0.0/24 --profiling=false >"$tmp/apiserver.log" 2>&1 &
-  pids+=($!)
+    --service-cluster-ip-range=10.0.0.0/24 --profiling=false \
+    --endpoint-reconciler-type=none >"$tmp/apiserver.log" 2>&1 &
+  apid=$!
+  pids+=("$apid")
   ready=0
   for _ in $(seq 1 240); do
+    kill -0 "$apid" 2>/dev/null || break
     if curl -sf --cacert "$pki/ca.crt" -H "Authorization: Bearer $token" "https://127.0.0.1:$port/readyz" >/dev/null 2>&1; then ready=1; break; fi
     sleep 0.5
   done
   if ((ready == 0)); then
-    fail "kube-apiserver not ready in 120 s:"$'\n'"$(tail -20 "$tmp/apiserver.log")"
+    fail "kube-apiserver exited or not ready in 120 s:"$'\n'"$(tail -20 "$tmp/apiserver.log")"
   else
     apply() { python3 charts/dry-run-apply.py --server "https://127.0.0.1:$port" --token "$token" --ca "$pki/ca.crt" "$@"; }
     # Defaults (hooks included), the custom values, and deploy/ as `kubectl apply` users get it.
