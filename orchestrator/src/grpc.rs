@@ -237,6 +237,9 @@ impl Ingest {
                 let fb = self.index.write().map_err(|_| poisoned())?.apply_run(&run);
                 match fb {
                     Ok(Some(fb)) => {
+                        self.metrics
+                            .feedback_rescored_nodes
+                            .inc_by(fb.third_queue.len() as u64);
                         tracing::info!(node = %run.node, class = %run.class, pod = %format!("{}/{}", run.pod_namespace, run.pod_name), actual_seconds = fb.actual_seconds, review = ?fb.review, "run observed")
                     }
                     Ok(None) => {

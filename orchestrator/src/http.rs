@@ -195,7 +195,22 @@ async fn explain(
              rankings are kept for pods that request the unified resource"
         ))
     })?;
-    json(&*e)
+    // The third queue: nodes re-scored by the class's latest run feedback.
+    let third_queue = e.ranking.class.as_deref().and_then(|c| {
+        let index = s.index.read().ok()?;
+        index.third_queue(c).cloned()
+    });
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct WithThird<'a> {
+        #[serde(flatten)]
+        explained: &'a crate::extender::Explained,
+        third_queue: Option<crate::index::ThirdQueue>,
+    }
+    json(&WithThird {
+        explained: &e,
+        third_queue,
+    })
 }
 
 async fn get_state(State(s): St) -> Result<Response, AppError> {

@@ -40,6 +40,8 @@ pub struct Metrics {
     pub plugin_generation: Gauge,
     /// Nodes in the index (from the Node watch).
     pub nodes: Gauge,
+    /// Nodes re-scored by run feedback (third-queue entries), in total.
+    pub feedback_rescored_nodes: Counter,
     /// Rollout: image pushes, DaemonSet applies/deletes, failed passes
     /// (`kudos_orchestrator_rollout_*`).
     pub rollout: kudos_rollout::RolloutMetrics,
@@ -99,6 +101,12 @@ impl Metrics {
         );
         let nodes = Gauge::default();
         registry.register("index_nodes", "Nodes in the index", nodes.clone());
+        let feedback_rescored_nodes = Counter::default();
+        registry.register(
+            "feedback_rescored_nodes",
+            "Nodes re-scored by run feedback (entries of the third queue)",
+            feedback_rescored_nodes.clone(),
+        );
         let rollout = kudos_rollout::RolloutMetrics::default();
         rollout.register(registry.sub_registry_with_prefix("rollout"));
         let monitor = kudos_rollout::MonitorMetrics::default();
@@ -112,6 +120,7 @@ impl Metrics {
             store_append_duration,
             plugin_generation,
             nodes,
+            feedback_rescored_nodes,
             rollout,
             monitor,
         }

@@ -75,6 +75,21 @@ pub struct Index {
     monitor: Option<MonitorView>,
     /// Node → why node monitoring excludes it from ranking; the extender's filter reads this.
     excluded: FastMap<String, String>,
+    /// Class → its latest third queue (`/explain`), at most `MAX_THIRD_QUEUES` classes.
+    third_queues: BTreeMap<String, ThirdQueue>,
+}
+
+/// Classes whose latest third queue is kept (the oldest is dropped beyond).
+const MAX_THIRD_QUEUES: usize = 1024;
+
+/// The third queue of a class: the nodes its latest observed run re-scored, best first.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ThirdQueue {
+    /// Unix seconds of the run's acceptance.
+    pub observed_at: f64,
+    /// `(node, score 0..=10)`, best first.
+    pub nodes: Vec<(String, u8)>,
 }
 
 /// The latest node-monitoring pass, as `GET /state` shows it.
@@ -127,6 +142,7 @@ impl Index {
             generation: 0,
             monitor: None,
             excluded: FastMap::default(),
+            third_queues: BTreeMap::new(),
         }
     }
 
@@ -267,6 +283,21 @@ impl Index {
                 .observe_run(&run.run_id, &obs, run.received_at)
         }
         .map_err(|e| e.to_string())?;
+        if self.third_queues.len() >= MAX_THIRD_QUEUES
+            && !self.third_queues.contains_key(&run.class)
+        {
+            let oldest = self
+                .third_queues
+                .iter()
+                .min_by(|a, b| a.1.observed_at.total_cmp(&b.1.observed_at))
+                .map(|(c, _)| c.clone());
+            oldest.map(|c| self.third_queues.remove(&c));
+        }
+        let queue = ThirdQueue {
+            observed_at: run.received_at,
+            nodes: fb.third_queue.clone(),
+        };
+        self.third_queues.insert(run.class.clone(), queue);
         Ok(Some(fb))
     }
 
@@ -287,6 +318,11 @@ impl Index {
     }
 
     // === readers ===
+
+    /// The latest third queue of `class`, if a run of it was observed.
+    pub fn third_queue(&self, class: &str) -> Option<&ThirdQueue> {
+        self.third_queues.get(class)
+    }
 
     /// Why node monitoring excludes `node` from ranking, if it does.
     pub fn exclusion(&self, node: &str) -> Option<&str> {

@@ -126,3 +126,49 @@ fn plugin_report_wins_over_labels_and_unknown_nodes_are_named() {
     let (_, unknown) = idx.node_states(["ghost"], &HashMap::new(), &HashMap::new(), 0.0);
     assert_eq!(unknown[0].0, "ghost");
 }
+
+/// A run's in-progress snapshots and its final report (same run ID) are one observation, and
+/// the class's latest third queue is kept for `/explain`.
+#[test]
+fn snapshots_of_one_run_count_once_and_the_third_queue_is_kept() {
+    let mut idx = mk_index();
+    let report = |seq: u64, end: f64, outcome: RunOutcome, work: f64| StoredRun {
+        seq,
+        report_id: format!("r{seq}"),
+        run_id: "pod-uid-1".into(),
+        node: "n1".into(),
+        pod_namespace: "default".into(),
+        pod_name: "train".into(),
+        class: "resnet".into(),
+        device_ids: vec!["nv-0".into()],
+        outcome,
+        start: 1000.0,
+        end,
+        gpu_busy_seconds: 0.0,
+        progress: None,
+        work_done: Some(work),
+        profile: Some(ProfileRecord {
+            vendor: "nvidia".into(),
+            model: "V100".into(),
+            count: 1,
+            memory_bytes: 16 << 30,
+        }),
+        received_at: end,
+    };
+    assert!(idx.third_queue("resnet").is_none());
+    for (seq, end) in [(1, 1600.0), (2, 2200.0), (3, 2800.0)] {
+        let fb = idx.apply_run(&report(
+            seq,
+            end,
+            RunOutcome::InProgress,
+            (end - 1000.0) / 2.0,
+        ));
+        assert!(matches!(fb, Ok(Some(_))), "{fb:?}");
+    }
+    let done = idx.apply_run(&report(4, 3400.0, RunOutcome::Completed, 1200.0));
+    assert!(matches!(done, Ok(Some(_))), "{done:?}");
+    assert_eq!(idx.scheduler().state().node_runs("resnet", "n1"), 1);
+    let third = idx.third_queue("resnet").expect("kept");
+    assert_eq!(third.observed_at, 3400.0);
+    assert_eq!(third.nodes.first().map(|n| n.0.as_str()), Some("n1"));
+}
