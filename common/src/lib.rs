@@ -3,6 +3,8 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod duration;
+
 use clap::{Args, ValueEnum};
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
