@@ -233,6 +233,8 @@ pub async fn run(
         socket_name: s.socket_name.clone(),
         register_timeout: s.register_timeout,
         resync: Duration::from_secs(5),
+        register_backoff: Duration::from_millis(200),
+        register_backoff_cap: Duration::from_secs(10),
     };
     let result = runtime::run(lifecycle, backends, health_rx, name_rx, metrics, shutdown)
         .instrument(tracing::info_span!("plugin"))
