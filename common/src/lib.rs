@@ -3,6 +3,8 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod duration;
+
 use clap::{Args, ValueEnum};
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
@@ -94,7 +96,11 @@ where
             return std::process::ExitCode::FAILURE;
         }
     };
-    match rt.block_on(main) {
+    let outcome = rt.block_on(main);
+    // Dropping a runtime waits for every blocking task; one stuck in a hung driver or peer
+    // would keep the process alive past its grace period after its work is done.
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    match outcome {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "exiting");

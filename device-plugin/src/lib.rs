@@ -40,7 +40,7 @@ pub fn main_with_args() -> ExitCode {
         eprintln!("error: {e:#}");
         return ExitCode::from(2);
     }
-    let settings = match args.settings() {
+    let settings = match Settings::try_from(args) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: {e}");
@@ -91,6 +91,34 @@ pub fn discover(s: &Settings) -> Result<Backends, BackendError> {
     Backends::new(found)
 }
 
+/// Logs how the devices found differ from those the per-vendor plugin configuration expects
+/// on this node. A difference is not an error: the configuration is the orchestrator's view at
+/// the time the image was derived, and this plugin's next report brings it up to date.
+fn compare_with_configuration(
+    expected: &[(String, Vec<kudos_api::config::v1::Device>)],
+    backends: &Backends,
+) {
+    for (vendor, devices) in expected {
+        let want: std::collections::BTreeSet<&str> =
+            devices.iter().map(|d| d.id.as_str()).collect();
+        let found: std::collections::BTreeSet<&str> = backends
+            .devices()
+            .filter(|d| &d.vendor == vendor)
+            .map(|d| d.id.as_str())
+            .collect();
+        if want == found {
+            tracing::info!(%vendor, devices = found.len(), "devices match the plugin configuration");
+        } else {
+            tracing::warn!(
+                %vendor,
+                missing = ?want.difference(&found).collect::<Vec<_>>(),
+                new = ?found.difference(&want).collect::<Vec<_>>(),
+                "devices differ from the plugin configuration; the next report updates it"
+            );
+        }
+    }
+}
+
 /// Runs the plugin until `shutdown` resolves.
 pub async fn run(
     s: Settings,
@@ -104,6 +132,7 @@ pub async fn run(
     if backends.devices().next().is_none() {
         tracing::warn!("no accelerators found; registering anyway so the node reports zero");
     }
+    compare_with_configuration(&s.expected_devices, &backends);
     let (stop_tx, stop_rx) = watch::channel(false);
 
     if let Some(addr) = s.metrics_addr {
@@ -202,8 +231,10 @@ pub async fn run(
     let lifecycle = runtime::Lifecycle {
         dir: s.device_plugin_dir.clone(),
         socket_name: s.socket_name.clone(),
-        register_timeout: Duration::from_secs(5),
+        register_timeout: s.register_timeout,
         resync: Duration::from_secs(5),
+        register_backoff: Duration::from_millis(200),
+        register_backoff_cap: Duration::from_secs(10),
     };
     let result = runtime::run(lifecycle, backends, health_rx, name_rx, metrics, shutdown)
         .instrument(tracing::info_span!("plugin"))

@@ -69,6 +69,85 @@ pub enum RegisterError {
     Timeout,
 }
 
+impl RegisterError {
+    /// The kind of failure, for logging once per change of state.
+    fn kind(&self) -> String {
+        match self {
+            RegisterError::Connect(_) => "connect".into(),
+            RegisterError::Refused(s) => format!("refused:{:?}", s.code()),
+            RegisterError::Timeout => "timeout".into(),
+        }
+    }
+}
+
+/// When to retry a failed registration, and whether a failure is worth a warning.
+///
+/// Delays double from `initial` up to `cap`, so a stale `kubelet.sock` (the kubelet gone,
+/// its socket left behind) costs a connection attempt every `cap` rather than five a second.
+/// A new `kubelet.sock` (the kubelet restarted) starts the schedule over, so a restarted
+/// kubelet is registered with within `initial` of listening. Only a change of state is
+/// logged as a warning: the first failure, or a different kind of failure.
+#[derive(Debug)]
+pub struct RegisterBackoff {
+    initial: Duration,
+    cap: Duration,
+    next_delay: Duration,
+    kubelet_inode: Option<u64>,
+    failing: Option<String>,
+    failures: u32,
+}
+
+/// What to do after a failed registration.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Retry {
+    /// Wait this long before the next attempt.
+    pub after: Duration,
+    /// Whether this failure changes the state (log it as a warning; else at debug).
+    pub warn: bool,
+}
+
+impl RegisterBackoff {
+    /// A schedule from `initial` doubling up to `cap`.
+    pub fn new(initial: Duration, cap: Duration) -> Self {
+        RegisterBackoff {
+            initial,
+            cap,
+            next_delay: initial,
+            kubelet_inode: None,
+            failing: None,
+            failures: 0,
+        }
+    }
+
+    /// Notes the current `kubelet.sock` inode; a different one restarts the schedule.
+    /// Returns whether it did.
+    pub fn observe_kubelet(&mut self, inode: Option<u64>) -> bool {
+        if inode == self.kubelet_inode {
+            return false;
+        }
+        self.kubelet_inode = inode;
+        self.next_delay = self.initial;
+        true
+    }
+
+    /// Records a failure of `kind`.
+    pub fn failed(&mut self, kind: &str) -> Retry {
+        let warn = self.failing.as_deref() != Some(kind);
+        self.failing = Some(kind.to_owned());
+        self.failures = self.failures.saturating_add(1);
+        let after = self.next_delay;
+        self.next_delay = self.next_delay.saturating_mul(2).min(self.cap);
+        Retry { after, warn }
+    }
+
+    /// Records a success; returns how many attempts failed before it.
+    pub fn succeeded(&mut self) -> u32 {
+        self.failing = None;
+        self.next_delay = self.initial;
+        std::mem::take(&mut self.failures)
+    }
+}
+
 /// Where and how to serve.
 #[derive(Clone, Debug)]
 pub struct Lifecycle {
@@ -80,6 +159,10 @@ pub struct Lifecycle {
     pub register_timeout: Duration,
     /// Safety-net reconcile period (covers missed inotify events).
     pub resync: Duration,
+    /// First retry delay after a failed registration; doubles up to `register_backoff_cap`.
+    pub register_backoff: Duration,
+    /// Longest delay between registration attempts while `kubelet.sock` stays the same.
+    pub register_backoff_cap: Duration,
 }
 
 impl Lifecycle {
@@ -292,6 +375,9 @@ pub async fn run(
     let mut registered: Option<Registered> = None;
     let mut stream_closed = false;
     let mut retry_at: Option<tokio::time::Instant> = None;
+    let mut backoff = RegisterBackoff::new(l.register_backoff, l.register_backoff_cap);
+    // No attempt before this, unless kubelet.sock is replaced (backoff after failures).
+    let mut attempt_after: Option<tokio::time::Instant> = None;
     let mut resync = tokio::time::interval(l.resync);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
@@ -347,17 +433,22 @@ pub async fn run(
             name: current_name.clone(),
             server_inode,
         };
-        if server.is_some() && kubelet_inode.is_some() && registered.as_ref() != Some(&want) {
-            match register(
-                &l.kubelet(),
-                &l.socket_name,
-                &current_name,
-                l.register_timeout,
-            )
-            .await
-            {
+        if backoff.observe_kubelet(kubelet_inode) {
+            attempt_after = None;
+        }
+        let due = attempt_after.is_none_or(|t| tokio::time::Instant::now() >= t);
+        if server.is_some() && kubelet_inode.is_some() && registered.as_ref() != Some(&want) && due
+        {
+            // An unresponsive kubelet must not hold up a shutdown for the whole timeout.
+            let kubelet = l.kubelet();
+            let outcome = tokio::select! {
+                r = register(&kubelet, &l.socket_name, &current_name, l.register_timeout) => r,
+                _ = &mut shutdown => break,
+            };
+            match outcome {
                 Ok(()) => {
-                    tracing::info!(resource = %current_name, endpoint = %l.socket_name, trigger = reason, "registered with the kubelet");
+                    let failed_before = backoff.succeeded();
+                    tracing::info!(resource = %current_name, endpoint = %l.socket_name, trigger = reason, failed_before, "registered with the kubelet");
                     metrics.registration(true);
                     if ever_registered {
                         metrics.reregistration(reason);
@@ -365,12 +456,21 @@ pub async fn run(
                     ever_registered = true;
                     registered = Some(want);
                     retry_at = None;
+                    attempt_after = None;
                 }
                 Err(e) => {
-                    // The kubelet creates its socket a moment before it listens: retry soon.
-                    tracing::warn!(error = %e, "registration failed; retrying in 200 ms");
+                    // The kubelet creates its socket a moment before it listens, so the first
+                    // retry comes soon; a socket nobody listens on is retried ever less often.
+                    let retry = backoff.failed(&e.kind());
+                    if retry.warn {
+                        tracing::warn!(error = %e, retry_in = ?retry.after, "registration failed; retrying with back-off (repeats of this failure are logged at debug)");
+                    } else {
+                        tracing::debug!(error = %e, retry_in = ?retry.after, "registration failed again");
+                    }
                     metrics.registration(false);
-                    retry_at = Some(tokio::time::Instant::now() + Duration::from_millis(200));
+                    let at = tokio::time::Instant::now() + retry.after;
+                    retry_at = Some(at);
+                    attempt_after = Some(at);
                 }
             }
         } else if kubelet_inode.is_none() && registered.is_none() {
@@ -412,4 +512,75 @@ pub async fn run(
     let _ = std::fs::remove_file(l.socket());
     tracing::info!("device plugin stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_registrations_back_off_to_the_cap_and_warn_once_per_state() {
+        let mut b = RegisterBackoff::new(Duration::from_millis(200), Duration::from_secs(10));
+        assert!(b.observe_kubelet(Some(7)));
+        let delays: Vec<_> = (0..8).map(|_| b.failed("connect")).collect();
+        let ms: Vec<u128> = delays.iter().map(|r| r.after.as_millis()).collect();
+        assert_eq!(ms, [200, 400, 800, 1600, 3200, 6400, 10_000, 10_000]);
+        assert_eq!(
+            delays.iter().filter(|r| r.warn).count(),
+            1,
+            "a stale socket warns once"
+        );
+        assert!(
+            b.failed("timeout").warn,
+            "a different failure is a new state"
+        );
+        assert!(!b.observe_kubelet(Some(7)));
+        assert!(
+            b.observe_kubelet(Some(8)),
+            "a restarted kubelet starts over"
+        );
+        assert_eq!(b.failed("timeout").after, Duration::from_millis(200));
+        assert_eq!(b.succeeded(), 10);
+        assert!(
+            b.failed("timeout").warn,
+            "failing again after a success warns"
+        );
+    }
+
+    /// The real loop against a `kubelet.sock` nobody listens on, for one virtual minute.
+    #[tokio::test(start_paused = true)]
+    async fn a_stale_kubelet_socket_is_retried_with_back_off() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().to_owned();
+        drop(std::os::unix::net::UnixListener::bind(dir.join(api::KUBELET_SOCKET)).expect("bind"));
+        let metrics = Metrics::new();
+        let backends = Backends::new(Vec::new()).expect("no backends");
+        let (_health_tx, health) = watch::channel(Arc::new(HealthMap::default()));
+        let (_name_tx, name) = watch::channel("kudos.dev/gpu".to_string());
+        let l = Lifecycle {
+            dir,
+            socket_name: "kudos.sock".into(),
+            register_timeout: Duration::from_secs(5),
+            resync: Duration::from_secs(5),
+            register_backoff: Duration::from_millis(200),
+            register_backoff_cap: Duration::from_secs(10),
+        };
+        let minute = tokio::time::sleep(Duration::from_secs(60));
+        run(l, backends, health, name, metrics.clone(), minute)
+            .await
+            .expect("runs");
+        let text = metrics.encode();
+        let failures: u64 = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("kudos_device_plugin_registrations_total{result=\"error\"} ")
+            })
+            .and_then(|n| n.parse().ok())
+            .expect("failures counted");
+        // Every 200 ms would be 300; doubling to a 10 s cap is 11 or 12.
+        assert!(
+            (5..20).contains(&failures),
+            "{failures} attempts in a minute\n{text}"
+        );
+    }
 }

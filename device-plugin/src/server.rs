@@ -87,6 +87,20 @@ impl PluginServer {
         api::ListAndWatchResponse { devices }
     }
 
+    /// Checks a list of device IDs from the kubelet before any work depends on its size: at
+    /// most [`kudos_api::bounds::MAX_DEVICES_PER_NODE`] IDs, each one this plugin serves. One map lookup per ID,
+    /// so a request of made-up IDs is refused in time linear in its length.
+    fn check_ids(&self, what: &'static str, ids: &[String]) -> Result<(), Status> {
+        kudos_api::bounds::validate_device_count(what, ids.len())
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        match ids.iter().find(|id| self.backends.lookup(id).is_none()) {
+            Some(id) => Err(Status::invalid_argument(format!(
+                "{what}: unknown device {id}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Validates and answers one container request.
     fn allocate_container(
         &self,
@@ -98,6 +112,8 @@ impl PluginServer {
                 "a container request names no devices",
             ));
         }
+        kudos_api::bounds::validate_device_count("devices of one container", ids.len())
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let mut seen = HashSet::new();
         // Devices grouped by backend, in request order.
         let mut groups: Vec<(&Arc<dyn DeviceBackend>, Vec<&Device>)> = Vec::new();
@@ -194,8 +210,17 @@ impl api::device_plugin_server::DevicePlugin for PluginServer {
         &self,
         request: Request<api::PreferredAllocationRequest>,
     ) -> Result<Response<api::PreferredAllocationResponse>, Status> {
+        let request = request.into_inner();
+        kudos_api::bounds::validate_device_count(
+            "containers in one request",
+            request.container_requests.len(),
+        )
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        for r in &request.container_requests {
+            self.check_ids("available devices", &r.available_device_i_ds)?;
+            self.check_ids("must-include devices", &r.must_include_device_i_ds)?;
+        }
         let container_responses = request
-            .into_inner()
             .container_requests
             .iter()
             .map(|r| {
@@ -220,12 +245,19 @@ impl api::device_plugin_server::DevicePlugin for PluginServer {
     ) -> Result<Response<api::AllocateResponse>, Status> {
         let started = Instant::now();
         let health = self.health.borrow().clone();
-        let result = request
-            .into_inner()
-            .container_requests
-            .iter()
-            .map(|c| self.allocate_container(&health, &c.devices_ids))
-            .collect::<Result<Vec<_>, _>>();
+        let request = request.into_inner();
+        let result = kudos_api::bounds::validate_device_count(
+            "containers in one request",
+            request.container_requests.len(),
+        )
+        .map_err(|e| Status::invalid_argument(e.to_string()))
+        .and_then(|()| {
+            request
+                .container_requests
+                .iter()
+                .map(|c| self.allocate_container(&health, &c.devices_ids))
+                .collect::<Result<Vec<_>, _>>()
+        });
         self.metrics
             .allocation(result.is_ok(), started.elapsed().as_secs_f64());
         match result {

@@ -227,6 +227,19 @@ impl Backends {
     pub fn new(backends: Vec<Arc<dyn DeviceBackend>>) -> Result<Self, BackendError> {
         let mut index = BTreeMap::new();
         for (bi, b) in backends.iter().enumerate() {
+            // What the orchestrator checks on every report, checked once here (kudos-api).
+            let vendor = &b.vendor().key;
+            let bounds = |e: kudos_api::BoundsError| BackendError::Invalid {
+                what: format!("vendor {vendor:?}"),
+                reason: e.to_string(),
+            };
+            kudos_api::bounds::validate_vendor_name(vendor).map_err(bounds)?;
+            kudos_api::bounds::validate_device_count("devices", b.devices().len())
+                .map_err(bounds)?;
+            for d in b.devices() {
+                kudos_api::bounds::validate_model_name(&d.model).map_err(bounds)?;
+                kudos_api::bounds::validate_device_uuid(&d.uuid).map_err(bounds)?;
+            }
             let prefix = &b.vendor().id_prefix;
             for (oi, o) in backends.iter().enumerate() {
                 let other = &o.vendor().id_prefix;
@@ -281,5 +294,23 @@ impl Backends {
             }
             _ => 1000,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_backend_is_held_to_the_bounds_the_orchestrator_checks() {
+        let ok: Arc<dyn DeviceBackend> = Arc::new(fake::FakeBackend::new(&"v".repeat(20), 2, 1));
+        assert!(Backends::new(vec![ok]).is_ok());
+        let long: Arc<dyn DeviceBackend> = Arc::new(fake::FakeBackend::new(&"v".repeat(21), 2, 1));
+        let Err(e) = Backends::new(vec![long]) else {
+            panic!("21-character vendor accepted")
+        };
+        assert!(e.to_string().contains("more than 20"), "{e}");
+        let many: Arc<dyn DeviceBackend> = Arc::new(fake::FakeBackend::new("many", 257, 1));
+        assert!(Backends::new(vec![many]).is_err());
     }
 }

@@ -89,6 +89,8 @@ impl StaticBackend {
                 file.vendor
             )));
         }
+        // The orchestrator refuses reports of vendors out of these bounds (kudos-api).
+        kudos_api::bounds::validate_vendor_name(&key).map_err(|e| invalid(e.to_string()))?;
         kudos_api::resource_name::validate(&file.resource_name)
             .map_err(|e| invalid(e.to_string()))?;
         let prefix = format!("{key}-");
@@ -191,5 +193,19 @@ mod tests {
         assert!(StaticBackend::parse(&bad_name, "t").is_err());
         let long = ok.replace("npu0", &"x".repeat(80));
         assert!(StaticBackend::parse(&long, "t").is_err());
+    }
+
+    #[test]
+    fn vendors_the_orchestrator_would_refuse_are_refused_here() {
+        let file = |vendor: &str| {
+            format!(
+                r#"{{"version":"v1","vendor":"{vendor}","resourceName":"acme.com/npu","devices":[{{"id":"0"}}]}}"#
+            )
+        };
+        assert!(StaticBackend::parse(&file(&"a".repeat(20)), "t").is_ok());
+        let Err(e) = StaticBackend::parse(&file(&"a".repeat(21)), "t") else {
+            panic!("21 characters accepted")
+        };
+        assert!(e.to_string().contains("more than 20"), "{e}");
     }
 }

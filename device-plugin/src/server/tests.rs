@@ -213,6 +213,62 @@ async fn preferred_allocation_keeps_to_one_numa_node_and_vendor() {
 }
 
 #[tokio::test]
+async fn preferred_allocation_refuses_made_up_and_too_many_ids_without_ranking_them() {
+    let f = mk_server();
+    let ask = |available: Vec<String>, must: Vec<String>| api::PreferredAllocationRequest {
+        container_requests: vec![api::ContainerPreferredAllocationRequest {
+            available_device_i_ds: available,
+            must_include_device_i_ds: must,
+            allocation_size: 2,
+        }],
+    };
+    // 2,000 IDs: ranking them would take minutes; the bound refuses them at once.
+    let made_up: Vec<String> = (0..2000).map(|i| format!("alpha-x{i}")).collect();
+    let e = f
+        .server
+        .get_preferred_allocation(Request::new(ask(made_up, vec![])))
+        .await
+        .expect_err("too many");
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("more than 256"), "{}", e.message());
+    // Within the bound but unknown: refused too, naming the device.
+    let e = f
+        .server
+        .get_preferred_allocation(Request::new(ask(
+            vec!["alpha-dev0".into(), "alpha-nope".into()],
+            vec![],
+        )))
+        .await
+        .expect_err("unknown");
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("alpha-nope"), "{}", e.message());
+    let e = f
+        .server
+        .get_preferred_allocation(Request::new(ask(
+            vec!["alpha-dev0".into(), "alpha-dev1".into()],
+            vec!["beta-nope".into()],
+        )))
+        .await
+        .expect_err("unknown must-include");
+    assert_eq!(e.code(), Code::InvalidArgument);
+}
+
+#[tokio::test]
+async fn allocate_refuses_more_ids_than_a_node_can_have() {
+    let f = mk_server();
+    let ids: Vec<String> = (0..=256).map(|i| format!("alpha-x{i}")).collect();
+    let req = api::AllocateRequest {
+        container_requests: vec![api::ContainerAllocateRequest { devices_ids: ids }],
+    };
+    let e = f
+        .server
+        .allocate(Request::new(req))
+        .await
+        .expect_err("too many");
+    assert_eq!(e.code(), Code::InvalidArgument);
+}
+
+#[tokio::test]
 async fn health_loop_publishes_transitions_from_signals_and_probes() {
     let fake = Arc::new(FakeBackend::new("alpha", 2, 2));
     let backends = Backends::new(vec![fake.clone() as Arc<dyn DeviceBackend>]).expect("backends");

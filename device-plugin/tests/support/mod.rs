@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use clap::Parser;
-use kudos_device_plugin::cli::Args;
+use kudos_device_plugin::cli::{Args, Settings};
 use kudos_proto::deviceplugin::v1beta1 as api;
 use kudos_proto::kudos::v1 as kapi;
 use std::path::{Path, PathBuf};
@@ -228,10 +228,8 @@ impl Plugin {
             "--node-name=node-a".into(),
         ];
         argv.extend(flags.iter().cloned());
-        let settings = Args::try_parse_from(argv)
-            .expect("flags")
-            .settings()
-            .expect("settings");
+        let settings =
+            Settings::try_from(Args::try_parse_from(argv).expect("flags")).expect("settings");
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(kudos_device_plugin::run(settings, async {
             let _ = stopped.await;
