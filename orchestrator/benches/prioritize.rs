@@ -14,8 +14,9 @@ use kudos_orchestrator::index::{Index, SharedIndex};
 use kudos_orchestrator::metrics::Metrics;
 use kudos_orchestrator::state::{DeviceRecord, PluginConfig, RunOutcome, StoredRun, VendorEntry};
 use kudos_scheduler_core::{PodSpec, Scheduler, SchedulerConfig};
+use parking_lot::RwLock;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const UNIFIED: &str = "kudos.dev/gpu";
@@ -163,8 +164,8 @@ fn main() {
             unified: UNIFIED.into(),
             last_filter: Default::default(),
         };
-        let state = Arc::new(HttpState {
-            extender: Extender {
+        let state = Arc::new(HttpState::new(
+            Extender {
                 index: index.clone(),
                 ledger: Ledger::new(false),
                 explain: ExplainCache::default(),
@@ -173,9 +174,9 @@ fn main() {
                 unified: UNIFIED.into(),
                 last_filter: Default::default(),
             },
-            index: index.clone(),
+            index.clone(),
             metrics,
-        });
+        ));
         let limits = HttpLimits {
             prefix: "/kudos/v1".into(),
             max_body_bytes: 64 << 20,
@@ -248,7 +249,7 @@ fn main() {
 
         // rank alone, on the same inputs.
         let names: Vec<String> = (0..n).map(|i| format!("node-{i:05}")).collect();
-        let idx = index.read().unwrap();
+        let idx = index.read();
         let now = 1_700_100_000.0;
         let mut states_lat: Vec<Duration> = (0..200)
             .map(|_| {

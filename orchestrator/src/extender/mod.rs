@@ -37,6 +37,8 @@ use types::{
 };
 
 const MAX_EXPLAINED: usize = 4096;
+/// Unknown nodes kept per explained ranking (the count is kept in full).
+const MAX_EXPLAINED_UNKNOWN: usize = 100;
 
 type FastSet<T> =
     std::collections::HashSet<T, std::hash::BuildHasherDefault<crate::fasthash::FxHasher>>;
@@ -57,8 +59,11 @@ pub struct Explained {
     /// The gang reservation in force, if the pod belongs to a gang.
     pub gang_reservation: Option<Reservation>,
     /// Nodes Kudos could not rank (no known accelerators, or excluded by node monitoring),
-    /// with reasons; the filter answers them in `FailedAndUnresolvableNodes`.
+    /// with reasons; the filter answers them in `FailedAndUnresolvableNodes`. At most the
+    /// first 100 are kept here.
     pub unknown_nodes: Vec<(String, String)>,
+    /// How many nodes Kudos could not rank.
+    pub unknown_nodes_total: usize,
 }
 
 /// Rankings by `namespace/name`, and the keys in insertion order for eviction.
@@ -132,6 +137,8 @@ struct Evaluation {
     gang_node: Option<String>,
     /// Why a gang could not be placed.
     gang_error: Option<String>,
+    /// Every node Kudos could not rank, with its reason.
+    unknown: Vec<crate::index::Unknown>,
 }
 
 /// Current Unix time in seconds.
@@ -158,6 +165,56 @@ fn pod_spec(f: &PodFacts) -> PodSpec {
     }
 }
 
+/// Checks the sizes of an extender request before any work proportional to it: the number
+/// of candidate nodes and the length of every name, and the pod's identifying strings (they
+/// key the explain cache and the ledger).
+fn check_request(args: &ExtenderArgs, facts: &PodFacts) -> Result<(), String> {
+    use crate::limits::{
+        MAX_LABEL_VALUE_LEN, MAX_NODE_NAMES, MAX_OBJECT_NAME_LEN, MAX_REPORT_ID_LEN, check_len,
+    };
+    let (field, names): (&str, Vec<&str>) = match (&args.node_names, &args.nodes) {
+        (Some(n), _) => ("NodeNames", n.iter().map(String::as_str).collect()),
+        (None, Some(l)) => (
+            "Nodes.items",
+            l.items
+                .iter()
+                .map(|n| n.metadata.name.as_deref().unwrap_or(""))
+                .collect(),
+        ),
+        (None, None) => ("NodeNames", Vec::new()),
+    };
+    if names.len() > MAX_NODE_NAMES {
+        return Err(format!(
+            "{field} has {} nodes; at most {MAX_NODE_NAMES} are accepted per call",
+            names.len()
+        ));
+    }
+    if let Some((i, n)) = names
+        .iter()
+        .enumerate()
+        .find(|(_, n)| n.len() > MAX_OBJECT_NAME_LEN)
+    {
+        return Err(format!(
+            "{field}[{i}] is {} bytes; node names are at most {MAX_OBJECT_NAME_LEN}",
+            n.len()
+        ));
+    }
+    check_len(
+        "Pod.metadata.namespace",
+        &facts.namespace,
+        MAX_LABEL_VALUE_LEN,
+    )?;
+    check_len("Pod.metadata.name", &facts.name, MAX_OBJECT_NAME_LEN)?;
+    check_len("Pod.metadata.uid", &facts.uid, MAX_REPORT_ID_LEN)?;
+    if let Some(c) = &facts.class {
+        check_len(crate::kobj::LABEL_CLASS, c, MAX_LABEL_VALUE_LEN)?;
+    }
+    if let Some((g, _)) = &facts.gang {
+        check_len(crate::kobj::ANN_GANG_NAME, g, MAX_OBJECT_NAME_LEN)?;
+    }
+    Ok(())
+}
+
 /// Candidate names in request order: `NodeNames` moved out of the request (no copy), or else
 /// the names of `Nodes`.
 fn candidate_names(args: &mut ExtenderArgs) -> Vec<String> {
@@ -174,12 +231,7 @@ fn candidate_names(args: &mut ExtenderArgs) -> Vec<String> {
 
 impl Extender {
     fn generations(&self) -> (u64, u64) {
-        let i = self
-            .index
-            .read()
-            .map(|i| i.generation())
-            .unwrap_or(u64::MAX);
-        (i, self.ledger.generation())
+        (self.index.read().generation(), self.ledger.generation())
     }
 
     /// The filter ranking of this pod, if prioritize may reuse it for `names`.
@@ -233,7 +285,7 @@ impl Extender {
             .map(|(g, _)| format!("{}/{g}", facts.namespace));
         self.ledger
             .saw(&facts.uid, facts.requests, gang_key.clone(), now);
-        let index = self.index.read().unwrap_or_else(|e| e.into_inner());
+        let index = self.index.read();
         let assumed = self
             .ledger
             .assumed_by_node(|uid| index.knows_bound_pod(uid), now);
@@ -259,6 +311,7 @@ impl Extender {
             now,
         );
         unknown.append(&mut excluded);
+        let unknown_nodes_total = unknown.len();
         let ranking = index.scheduler().rank(&spec, &states, now, seed);
         let (mut gang_node, mut gang_error, mut reservation) = (None, None, None);
         if let Some(key) = &gang_key {
@@ -303,7 +356,12 @@ impl Extender {
             seed,
             ranking,
             gang_reservation: reservation,
-            unknown_nodes: unknown,
+            unknown_nodes: unknown
+                .iter()
+                .take(MAX_EXPLAINED_UNKNOWN)
+                .cloned()
+                .collect(),
+            unknown_nodes_total,
         });
         self.explain.put(
             format!("{}/{}", facts.namespace, facts.name),
@@ -313,6 +371,7 @@ impl Extender {
             explained,
             gang_node,
             gang_error,
+            unknown,
         }
     }
 
@@ -324,11 +383,14 @@ impl Extender {
                 ..Default::default()
             };
         };
-        let facts = match kobj::pod_facts(pod, &self.unified) {
+        let facts = match kobj::pod_facts(pod, &self.unified)
+            .map_err(|e| e.to_string())
+            .and_then(|f| check_request(&args, &f).map(|()| f))
+        {
             Ok(f) => f,
-            Err(e) => {
+            Err(error) => {
                 return ExtenderFilterResult {
-                    error: e.to_string(),
+                    error,
                     ..Default::default()
                 };
             }
@@ -361,10 +423,8 @@ impl Extender {
             .map(|r| (r.node.clone(), r.reason.clone()))
             .collect();
         let unresolvable: std::collections::BTreeMap<String, String> = ev
-            .explained
-            .unknown_nodes
-            .iter()
-            .cloned()
+            .unknown
+            .into_iter()
             .chain(
                 permanent
                     .into_iter()
@@ -437,6 +497,7 @@ impl Extender {
     pub fn prioritize(&self, mut args: ExtenderArgs) -> Result<Vec<HostPriority>, String> {
         let pod = args.pod.as_ref().ok_or("request has no Pod")?;
         let facts = kobj::pod_facts(pod, &self.unified).map_err(|e| e.to_string())?;
+        check_request(&args, &facts)?;
         let names = candidate_names(&mut args);
         if facts.requests.gpus == 0 {
             return Ok(names
