@@ -129,7 +129,7 @@ impl IntoResponse for AppError {
 
 type St = State<Arc<HttpState>>;
 
-fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, AppError> {
+fn parse<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, AppError> {
     serde_json::from_slice(body).map_err(|e| AppError::BadRequest(format!("invalid JSON: {e}")))
 }
 

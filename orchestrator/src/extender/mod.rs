@@ -30,6 +30,7 @@ use bind::Binder;
 use kudos_scheduler_core::{GangSpec, PodSpec, Ranking};
 use ledger::{Ledger, Reservation};
 use serde::Serialize;
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use types::{
@@ -173,7 +174,7 @@ fn check_request(args: &ExtenderArgs, facts: &PodFacts) -> Result<(), String> {
         MAX_LABEL_VALUE_LEN, MAX_NODE_NAMES, MAX_OBJECT_NAME_LEN, MAX_REPORT_ID_LEN, check_len,
     };
     let (field, names): (&str, Vec<&str>) = match (&args.node_names, &args.nodes) {
-        (Some(n), _) => ("NodeNames", n.iter().map(String::as_str).collect()),
+        (Some(n), _) => ("NodeNames", n.iter().map(|n| n.as_ref()).collect()),
         (None, Some(l)) => (
             "Nodes.items",
             l.items
@@ -215,15 +216,15 @@ fn check_request(args: &ExtenderArgs, facts: &PodFacts) -> Result<(), String> {
     Ok(())
 }
 
-/// Candidate names in request order: `NodeNames` moved out of the request (no copy), or else
-/// the names of `Nodes`.
-fn candidate_names(args: &mut ExtenderArgs) -> Vec<String> {
+/// Candidate names in request order: `NodeNames` moved out of the request (borrowed from the
+/// body, no copy), or else the names of `Nodes`.
+fn candidate_names<'a>(args: &mut ExtenderArgs<'a>) -> Vec<Cow<'a, str>> {
     match (args.node_names.take(), &args.nodes) {
         (Some(names), _) => names,
         (None, Some(list)) => list
             .items
             .iter()
-            .filter_map(|n| n.metadata.name.clone())
+            .filter_map(|n| n.metadata.name.clone().map(Cow::Owned))
             .collect(),
         (None, None) => Vec::new(),
     }
@@ -235,7 +236,7 @@ impl Extender {
     }
 
     /// The filter ranking of this pod, if prioritize may reuse it for `names`.
-    fn reusable(&self, facts: &PodFacts, names: &[String]) -> Option<Arc<Explained>> {
+    fn reusable(&self, facts: &PodFacts, names: &[Cow<str>]) -> Option<Arc<Explained>> {
         if facts.uid.is_empty() || facts.gang.is_some() {
             return None;
         }
@@ -248,7 +249,7 @@ impl Extender {
         let entries = &c.explained.ranking.entries;
         let same_nodes = fresh && names.len() == entries.len() && {
             let passed: FastSet<&str> = entries.iter().map(|e| e.node.as_str()).collect();
-            names.iter().all(|n| passed.contains(n.as_str()))
+            names.iter().all(|n| passed.contains(n.as_ref()))
         };
         same_nodes.then(|| c.explained.clone())
     }
@@ -258,7 +259,7 @@ impl Extender {
         verb: &'static str,
         args: &ExtenderArgs,
         facts: &PodFacts,
-        names: &[String],
+        names: &[Cow<str>],
     ) -> Evaluation {
         let now = unix_now();
         let from_request: HashMap<String, NodeInfo> = args
@@ -297,7 +298,7 @@ impl Extender {
         let (states, mut unknown) = index.node_states(
             names
                 .iter()
-                .map(String::as_str)
+                .map(|n| n.as_ref())
                 .filter(|n| seen.insert(*n))
                 .filter(|n| match index.exclusion(n) {
                     Some(reason) => {
@@ -376,7 +377,7 @@ impl Extender {
     }
 
     /// `POST <prefix>/filter`.
-    pub fn filter(&self, mut args: ExtenderArgs) -> ExtenderFilterResult {
+    pub fn filter<'a>(&self, mut args: ExtenderArgs<'a>) -> ExtenderFilterResult<'a> {
         let Some(pod) = args.pod.as_ref() else {
             return ExtenderFilterResult {
                 error: "request has no Pod".into(),
@@ -458,11 +459,11 @@ impl Extender {
             });
         }
         for n in &names {
-            if !passed.contains(n.as_str())
-                && !failed.contains_key(n)
-                && !unresolvable.contains_key(n)
+            if !passed.contains(n.as_ref())
+                && !failed.contains_key(n.as_ref())
+                && !unresolvable.contains_key(n.as_ref())
             {
-                failed.insert(n.clone(), "not ranked by Kudos".into());
+                failed.insert(n.to_string(), "not ranked by Kudos".into());
             }
         }
         tracing::debug!(passed = passed.len(), failed = failed.len(), "filtered");
@@ -494,7 +495,10 @@ impl Extender {
     }
 
     /// `POST <prefix>/prioritize`. Errors are only for requests without a pod.
-    pub fn prioritize(&self, mut args: ExtenderArgs) -> Result<Vec<HostPriority>, String> {
+    pub fn prioritize<'a>(
+        &self,
+        mut args: ExtenderArgs<'a>,
+    ) -> Result<Vec<HostPriority<'a>>, String> {
         let pod = args.pod.as_ref().ok_or("request has no Pod")?;
         let facts = kobj::pod_facts(pod, &self.unified).map_err(|e| e.to_string())?;
         check_request(&args, &facts)?;
@@ -526,9 +530,9 @@ impl Extender {
         Ok(names
             .into_iter()
             .map(|host| {
-                let base = i64::from(scores.get(host.as_str()).copied().unwrap_or(0).min(10));
+                let base = i64::from(scores.get(host.as_ref()).copied().unwrap_or(0).min(10));
                 let score = match &gang_node {
-                    Some(slot) if *slot == host => 10,
+                    Some(slot) if slot.as_str() == host.as_ref() => 10,
                     Some(_) => 0,
                     None => base,
                 };
