@@ -312,14 +312,17 @@ impl Extender {
             now,
         );
         unknown.append(&mut excluded);
+        // Rank on the published model with the lock released: writers (watches, the learner's
+        // pointer swap) never wait for a ranking.
+        let model = index.model();
+        drop(index);
         let unknown_nodes_total = unknown.len();
-        let ranking = index.scheduler().rank(&spec, &states, now, seed);
+        let ranking = model.rank(&spec, &states, now, seed);
         let (mut gang_node, mut gang_error, mut reservation) = (None, None, None);
         if let Some(key) = &gang_key {
             let live = match self.ledger.reservation(key, now) {
                 Some(r) => Ok(r),
-                None => index
-                    .scheduler()
+                None => model
                     .place_gang(&spec, &states, now, seed)
                     .map(|p| self.ledger.reserve(key, p)),
             };
@@ -350,7 +353,6 @@ impl Extender {
                 Err(e) => gang_error = Some(format!("gang {key} cannot be placed now: {e}")),
             }
         }
-        drop(index);
         let explained = Arc::new(Explained {
             verb,
             computed_at: now,
