@@ -3,6 +3,10 @@
 //! it: one call at a time on a keep-alive connection. Also times `rank` alone, to show where
 //! the time goes. Prints p50/p99 and calls/s; the goal is p99 <= 1 ms and >= 5,000 calls/s.
 //!
+//! Then the same prioritize loop while run reports arrive at 100/s over many classes, twice:
+//! through the shipped learner (refit on a copy, pointer swap) and the old way (every report
+//! refits under the index write lock), to show what learning costs the extender.
+//!
 //! Run: `cargo bench -p kudos-orchestrator --bench prioritize` (optional args: node counts).
 
 use kudos_orchestrator::extender::bind::LocalBinder;
@@ -14,8 +18,9 @@ use kudos_orchestrator::index::{Index, SharedIndex};
 use kudos_orchestrator::metrics::Metrics;
 use kudos_orchestrator::state::{DeviceRecord, PluginConfig, RunOutcome, StoredRun, VendorEntry};
 use kudos_scheduler_core::{PodSpec, Scheduler, SchedulerConfig};
+use parking_lot::RwLock;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const UNIFIED: &str = "kudos.dev/gpu";
@@ -151,6 +156,7 @@ fn main() {
         "nodes  calls  p50_us  p99_us  max_us  calls_per_s  parse_p50_us  handler_p50_us  states_p50_us  rank_p50_us  response_bytes"
     );
     let mut pairs = Vec::new();
+    let mut ingest_rows = Vec::new();
     for n in counts {
         let index = index(n);
         let metrics = Arc::new(Metrics::new());
@@ -163,8 +169,8 @@ fn main() {
             unified: UNIFIED.into(),
             last_filter: Default::default(),
         };
-        let state = Arc::new(HttpState {
-            extender: Extender {
+        let state = Arc::new(HttpState::new(
+            Extender {
                 index: index.clone(),
                 ledger: Ledger::new(false),
                 explain: ExplainCache::default(),
@@ -173,9 +179,9 @@ fn main() {
                 unified: UNIFIED.into(),
                 last_filter: Default::default(),
             },
-            index: index.clone(),
+            index.clone(),
             metrics,
-        });
+        ));
         let limits = HttpLimits {
             prefix: "/kudos/v1".into(),
             max_body_bytes: 64 << 20,
@@ -245,10 +251,14 @@ fn main() {
         filter_lat.sort();
         after_lat.sort();
         pairs.push((n, filter_lat, after_lat));
+        for mode in [Ingest::InLock, Ingest::Learner] {
+            let lat = while_ingesting(&rt, &index, mode, n, &mut conn, &req, calls);
+            ingest_rows.push((n, mode, lat));
+        }
 
         // rank alone, on the same inputs.
         let names: Vec<String> = (0..n).map(|i| format!("node-{i:05}")).collect();
-        let idx = index.read().unwrap();
+        let idx = index.read();
         let now = 1_700_100_000.0;
         let mut states_lat: Vec<Duration> = (0..200)
             .map(|_| {
@@ -315,4 +325,125 @@ fn main() {
             f.len() as f64 / total.as_secs_f64(),
         );
     }
+    println!(
+        "\nprioritize while {REPORTS_PER_SECOND} run reports/s arrive over {INGEST_CLASSES} classes"
+    );
+    println!("nodes  ingestion  calls  p50_us  p99_us  max_us  runs_learned");
+    for (n, mode, (lat, learned)) in ingest_rows {
+        println!(
+            "{n:>5}  {:>9}  {:>5}  {:>6}  {:>6}  {:>6}  {learned:>12}",
+            mode.name(),
+            lat.len(),
+            pct(&lat, 0.5).as_micros(),
+            pct(&lat, 0.99).as_micros(),
+            lat.last().unwrap().as_micros(),
+        );
+    }
+}
+
+const REPORTS_PER_SECOND: u64 = 100;
+const INGEST_CLASSES: u64 = 1000;
+
+#[derive(Clone, Copy)]
+enum Ingest {
+    /// The shipped path: `Learner` refits a copy off the lock and swaps it in.
+    Learner,
+    /// The old path: every run refits under the index write lock.
+    InLock,
+}
+
+impl Ingest {
+    fn name(self) -> &'static str {
+        match self {
+            Ingest::Learner => "learner",
+            Ingest::InLock => "in-lock",
+        }
+    }
+}
+
+/// Prioritize latencies while runs arrive at `REPORTS_PER_SECOND` over `INGEST_CLASSES`
+/// classes, and how many runs the model had learned by the end. Both modes feed the served
+/// index, so the learner (measured second) starts from the larger model.
+fn while_ingesting(
+    rt: &tokio::runtime::Runtime,
+    base: &SharedIndex,
+    mode: Ingest,
+    nodes: usize,
+    conn: &mut BufReader<std::net::TcpStream>,
+    req: &[u8],
+    calls: usize,
+) -> (Vec<Duration>, u64) {
+    let index = base.clone();
+    let handle = rt.handle().clone();
+    let first_seq = index.read().applied_seq() + 1;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let run = move |seq: u64, idx: &SharedIndex| {
+        let node = format!("node-{:05}", (seq * 7919) as usize % nodes);
+        StoredRun {
+            seq,
+            report_id: format!("i{seq}"),
+            run_id: format!("i{seq}"),
+            node: node.clone(),
+            pod_namespace: "bench".into(),
+            pod_name: format!("i{seq}"),
+            class: format!("class-{}", seq % INGEST_CLASSES),
+            device_ids: vec!["d".into()],
+            outcome: RunOutcome::Completed,
+            start: 1_700_000_000.0,
+            end: 1_700_000_300.0 + (seq % 17) as f64 * 30.0,
+            gpu_busy_seconds: 250.0,
+            progress: None,
+            work_done: None,
+            profile: idx.read().profile(&node),
+            received_at: 1_700_002_000.0 + seq as f64,
+        }
+    };
+    let period = Duration::from_micros(1_000_000 / REPORTS_PER_SECOND);
+    let feeder = {
+        let (stop, index) = (stop.clone(), index.clone());
+        match mode {
+            Ingest::Learner => {
+                let learner = {
+                    let _rt = rt.enter();
+                    kudos_orchestrator::learn::Learner::spawn(
+                        index.clone(),
+                        Arc::new(Metrics::new()),
+                        None,
+                    )
+                };
+                std::thread::spawn(move || {
+                    let mut seq = first_seq;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let r = run(seq, &index);
+                        // A full queue waits, as ingestion would.
+                        handle.block_on(learner.learn(r));
+                        seq += 1;
+                        std::thread::sleep(period);
+                    }
+                })
+            }
+            Ingest::InLock => std::thread::spawn(move || {
+                let mut seq = first_seq;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let r = run(seq, &index);
+                    let _ = index.write().apply_run(&r);
+                    seq += 1;
+                    std::thread::sleep(period);
+                }
+            }),
+        }
+    };
+    // Let the model grow into many classes before measuring.
+    std::thread::sleep(Duration::from_secs(2));
+    let mut lat = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        let t = Instant::now();
+        call(conn, req);
+        lat.push(t.elapsed());
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = feeder.join();
+    lat.sort();
+    let learned = index.read().applied_seq().saturating_sub(first_seq - 1);
+    (lat, learned)
 }

@@ -9,6 +9,7 @@
 //! validates the result. Errors name the field: serde_yaml prefixes its messages with the path
 //! (`store.kind: unknown variant ...`), and our own checks use the YAML field names.
 
+use crate::limits;
 use kudos_scheduler_core::SchedulerConfig;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -109,7 +110,8 @@ pub struct ExtenderConfig {
     /// Path prefix of the verbs, default `/kudos/v1`; set kube-scheduler's `urlPrefix` to
     /// `http://<host>:<port><prefix>`.
     pub path_prefix: Option<String>,
-    /// Largest accepted request body, default 64 MiB (a 5,000-node `NodeList` is ~30 MiB).
+    /// Largest accepted request body, default 4 MiB (enough for 20,000 `NodeNames`); raise it
+    /// for `nodeCacheCapable: false`, whose full `NodeList` for 5,000 nodes is ~30 MiB.
     pub max_body_bytes: Option<usize>,
     /// Per-request timeout for filter/prioritize, default 5 s.
     pub timeout_seconds: Option<f64>,
@@ -117,6 +119,11 @@ pub struct ExtenderConfig {
     pub bind_timeout_seconds: Option<f64>,
     /// Requests served at once; more wait. Default 64.
     pub max_concurrent_requests: Option<usize>,
+    /// Open HTTP connections; more are refused when accepted. Default 1024.
+    pub max_connections: Option<usize>,
+    /// Seconds a client has to send a request's headers before the connection is closed.
+    /// Default 10.
+    pub header_read_timeout_seconds: Option<f64>,
 }
 
 /// Store kind.
@@ -248,6 +255,10 @@ pub struct Settings {
     pub bind_timeout: Duration,
     /// Concurrency limit of the HTTP server.
     pub max_concurrent_requests: usize,
+    /// Open HTTP connections at most.
+    pub max_connections: usize,
+    /// Time a client has to send request headers.
+    pub header_read_timeout: Duration,
     /// Store kind.
     pub store_kind: StoreKind,
     /// File store path.
@@ -310,34 +321,36 @@ impl Settings {
                 reason: e.to_string(),
             });
         }
-        let mut prefix = args
-            .extender_prefix
-            .clone()
-            .or(file.extender.path_prefix)
-            .unwrap_or_else(|| DEFAULT_EXTENDER_PREFIX.to_owned());
-        while prefix.ends_with('/') {
-            prefix.pop();
-        }
-        if !prefix.is_empty() && !prefix.starts_with('/') {
-            return Err(ConfigError::Invalid {
-                field: "extender.pathPrefix",
-                reason: format!("{prefix:?} must start with `/`"),
-            });
-        }
-        let max_body_bytes = file.extender.max_body_bytes.unwrap_or(64 << 20);
-        if max_body_bytes < 1024 {
-            return Err(ConfigError::Invalid {
-                field: "extender.maxBodyBytes",
-                reason: format!("{max_body_bytes} is too small (at least 1024)"),
-            });
-        }
-        let max_concurrent_requests = file.extender.max_concurrent_requests.unwrap_or(64);
-        if max_concurrent_requests == 0 {
-            return Err(ConfigError::Invalid {
-                field: "extender.maxConcurrentRequests",
-                reason: "must be at least 1".into(),
-            });
-        }
+        let prefix = extender_prefix(
+            args.extender_prefix
+                .clone()
+                .or(file.extender.path_prefix)
+                .unwrap_or_else(|| DEFAULT_EXTENDER_PREFIX.to_owned()),
+        )?;
+        let max_body_bytes = in_range(
+            "extender.maxBodyBytes",
+            file.extender.max_body_bytes,
+            limits::DEFAULT_MAX_BODY_BYTES,
+            1024..=limits::MAX_BODY_BYTES,
+        )?;
+        let max_concurrent_requests = in_range(
+            "extender.maxConcurrentRequests",
+            file.extender.max_concurrent_requests,
+            64,
+            1..=limits::MAX_CONCURRENT_REQUESTS,
+        )?;
+        let max_connections = in_range(
+            "extender.maxConnections",
+            file.extender.max_connections,
+            limits::DEFAULT_MAX_CONNECTIONS,
+            1..=limits::MAX_CONNECTIONS,
+        )?;
+        let header_read_timeout = positive_secs(
+            "extender.headerReadTimeoutSeconds",
+            file.extender
+                .header_read_timeout_seconds
+                .unwrap_or(limits::DEFAULT_HEADER_READ_TIMEOUT_SECONDS),
+        )?;
         let heartbeat_max_age_seconds = args
             .heartbeat_max_age_seconds
             .or(file.nodes.heartbeat_max_age_seconds)
@@ -385,6 +398,8 @@ impl Settings {
                 file.extender.bind_timeout_seconds.unwrap_or(15.0),
             )?,
             max_concurrent_requests,
+            max_connections,
+            header_read_timeout,
             store_kind: args.store.or(file.store.kind).unwrap_or_default(),
             store_path: args
                 .store_path
@@ -418,6 +433,58 @@ impl Settings {
             rollout,
         })
     }
+}
+
+/// A count from the file within `range`, or `default` when absent.
+fn in_range(
+    field: &'static str,
+    v: Option<usize>,
+    default: usize,
+    range: std::ops::RangeInclusive<usize>,
+) -> Result<usize, ConfigError> {
+    let v = v.unwrap_or(default);
+    if range.contains(&v) {
+        Ok(v)
+    } else {
+        Err(ConfigError::Invalid {
+            field,
+            reason: format!("{v} is outside {}..={}", range.start(), range.end()),
+        })
+    }
+}
+
+/// The extender prefix without trailing `/`: empty, or `/`-separated non-empty segments of
+/// unreserved URL characters. Route syntax (`{`, `:`, `*`) would make the router panic.
+fn extender_prefix(mut prefix: String) -> Result<String, ConfigError> {
+    while prefix.ends_with('/') {
+        prefix.pop();
+    }
+    let invalid = |reason: String| ConfigError::Invalid {
+        field: "extender.pathPrefix",
+        reason,
+    };
+    if prefix.is_empty() {
+        return Ok(prefix);
+    }
+    let Some(rest) = prefix.strip_prefix('/') else {
+        return Err(invalid(format!("{prefix:?} must start with `/`")));
+    };
+    let unreserved = |c: char| c.is_ascii_alphanumeric() || "-._~".contains(c);
+    if rest
+        .split('/')
+        .any(|seg| seg.is_empty() || !seg.chars().all(unreserved))
+    {
+        return Err(invalid(format!(
+            "{prefix:?} must be `/`-separated non-empty segments of letters, digits and `-._~`"
+        )));
+    }
+    if prefix.len() > limits::MAX_OBJECT_NAME_LEN {
+        return Err(invalid(format!(
+            "{prefix:?} is longer than {} characters",
+            limits::MAX_OBJECT_NAME_LEN
+        )));
+    }
+    Ok(prefix)
 }
 
 #[cfg(test)]
@@ -494,5 +561,51 @@ mod precedence_tests {
         let args = crate::Args::try_parse_from(["x", "--unified-resource-name", "gpu"]).unwrap();
         let e = Settings::resolve(&args).unwrap_err().to_string();
         assert!(e.contains("unifiedResourceName"), "{e}");
+    }
+
+    fn resolve_file(extender: &str) -> Result<Settings, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        let text = format!(
+            "apiVersion: kudos.dev/v1alpha1\nkind: OrchestratorConfig\nextender:\n{extender}"
+        );
+        std::fs::write(&path, text).unwrap();
+        let args = crate::Args::try_parse_from(["x", "--config", path.to_str().unwrap()]).unwrap();
+        Settings::resolve(&args)
+    }
+
+    /// Values that used to panic at start (a semaphore of 2^61 permits, route syntax in the
+    /// prefix) are configuration errors naming their field.
+    #[test]
+    fn out_of_range_limits_and_route_syntax_are_config_errors() {
+        for (yaml, field) in [
+            (
+                "  maxConcurrentRequests: 2305843009213693952\n",
+                "extender.maxConcurrentRequests",
+            ),
+            (
+                "  maxConcurrentRequests: 0\n",
+                "extender.maxConcurrentRequests",
+            ),
+            ("  maxConnections: 0\n", "extender.maxConnections"),
+            (
+                "  maxBodyBytes: 18446744073709551615\n",
+                "extender.maxBodyBytes",
+            ),
+            (
+                "  headerReadTimeoutSeconds: -1\n",
+                "extender.headerReadTimeoutSeconds",
+            ),
+            ("  pathPrefix: /kudos/{v1}\n", "extender.pathPrefix"),
+            ("  pathPrefix: /kudos/:verb\n", "extender.pathPrefix"),
+            ("  pathPrefix: /kudos/*rest\n", "extender.pathPrefix"),
+            ("  pathPrefix: /a//b\n", "extender.pathPrefix"),
+        ] {
+            let e = resolve_file(yaml).unwrap_err().to_string();
+            assert!(e.contains(field), "{yaml}: {e}");
+        }
+        let s = resolve_file("  pathPrefix: /kudos/v1.2_x~y/\n").unwrap();
+        assert_eq!(s.extender_prefix, "/kudos/v1.2_x~y");
+        assert_eq!(s.max_body_bytes, limits::DEFAULT_MAX_BODY_BYTES);
     }
 }

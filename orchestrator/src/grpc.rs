@@ -2,13 +2,17 @@
 //! heartbeats). These are the index's writers besides the watchers.
 //!
 //! Every call authenticates first ([`crate::auth`]) and may only speak about the caller's own
-//! node. Writes are serialised by one ingest lock and always persist before they change the
-//! index or answer: a plugin-configuration change is saved before the new generation is
-//! returned, and a run report is committed before its ACCEPTED ack. [`to_status`] is the one
-//! place errors become gRPC statuses.
+//! node. Writes always persist before they change the index or answer: a plugin-configuration
+//! change is saved (under the ingest lock) before the new generation is returned, and a run
+//! report is committed (by [`crate::learn::RunWriter`], in batches) before its ACCEPTED ack;
+//! learning from it happens afterwards, off the extender's path. Every name and count is
+//! checked against [`crate::limits`] first, and run times against a plausible maximum.
+//! [`to_status`] is the one place errors become gRPC statuses.
 
 use crate::auth::{AuthError, Authenticator, Identity, bearer};
 use crate::index::{HeartbeatInfo, SharedIndex};
+use crate::learn::{RunWriter, WriteError};
+use crate::limits::{self, check_len, check_name};
 use crate::metrics::{Metrics, VerbLabels};
 use crate::state::{DeviceRecord, RunOutcome, StoredRun, VendorEntry};
 use crate::store::{Appended, Store, StoreError};
@@ -49,15 +53,17 @@ pub enum IngestError {
     /// Persisting failed; nothing was acknowledged.
     #[error("cannot store: {0}")]
     Store(#[from] StoreError),
-    /// A bug: a lock was poisoned by a panic.
-    #[error("internal error: {0}")]
-    Internal(&'static str),
+    /// Appending a run failed; nothing was acknowledged.
+    #[error("cannot store the run: {0}")]
+    Write(#[from] WriteError),
 }
 
 /// The one mapping from ingestion errors to gRPC statuses.
 pub fn to_status(e: IngestError) -> Status {
     match &e {
-        IngestError::Auth(AuthError::Unavailable(_)) | IngestError::Store(_) => {
+        IngestError::Auth(AuthError::Unavailable(_))
+        | IngestError::Store(_)
+        | IngestError::Write(_) => {
             tracing::warn!(error = %e, "ingestion failed");
             Status::unavailable(e.to_string())
         }
@@ -66,10 +72,6 @@ pub fn to_status(e: IngestError) -> Status {
         | IngestError::WrongNode { .. } => Status::permission_denied(e.to_string()),
         IngestError::Auth(_) => Status::unauthenticated(e.to_string()),
         IngestError::Invalid(_) => Status::invalid_argument(e.to_string()),
-        IngestError::Internal(_) => {
-            tracing::error!(error = %e, "ingestion failed");
-            Status::internal(e.to_string())
-        }
     }
 }
 
@@ -87,8 +89,11 @@ pub struct Ingest {
     pub unified: String,
     /// Heartbeat max age, seconds (the suggested interval is a quarter of it).
     pub heartbeat_max_age: f64,
-    /// Serialises persistence + index updates so replay order equals live order.
+    /// Serialises plugin-configuration persistence + index updates so replay order equals
+    /// live order (runs are ordered by `runs`).
     pub lock: Mutex<()>,
+    /// Appends accepted runs in batches and hands them to the learner.
+    pub runs: RunWriter,
     /// Becomes true on shutdown: streams stop taking reports.
     pub draining: watch::Receiver<bool>,
     /// Publishes every persisted plugin-configuration change (for the rollout reconciler).
@@ -128,6 +133,24 @@ impl Ingest {
         let (_, caller) = self.identify(&req).await?;
         let r = req.into_inner();
         Self::check_node(&caller, &r.node)?;
+        check_plugin_report(&r).map_err(IngestError::Invalid)?;
+        if !kudos_rollout::config::is_vendor_name(&r.vendor) {
+            return Err(IngestError::Invalid(format!(
+                "vendor {:?} must be a lowercase DNS label of at most {} characters (it names the plugin group, its DaemonSet and image tag)",
+                r.vendor,
+                kudos_rollout::config::MAX_VENDOR_LEN
+            )));
+        }
+        if let Some(d) = r
+            .devices
+            .iter()
+            .find(|d| d.id.is_empty() || d.id.len() > 63)
+        {
+            return Err(IngestError::Invalid(format!(
+                "device ID {:?} must be 1..=63 characters",
+                d.id
+            )));
+        }
         let healthy = r.devices.iter().filter(|d| d.healthy).count() as u32;
         let total = r.devices.len() as u32;
         let entry = VendorEntry {
@@ -150,19 +173,14 @@ impl Ingest {
             .validate(&r.vendor)
             .map_err(|e| IngestError::Invalid(e.to_string()))?;
         let _g = self.lock.lock().await;
-        let mut cfg = self
-            .index
-            .read()
-            .map_err(|_| poisoned())?
-            .plugin_config()
-            .clone();
+        let mut cfg = self.index.read().plugin_config().clone();
         let changed = cfg.upsert(&r.node, &r.vendor, entry, &self.unified);
         if changed {
             self.store.save_plugin_config(cfg.clone()).await?;
         }
         let generation = cfg.generation;
         {
-            let mut idx = self.index.write().map_err(|_| poisoned())?;
+            let mut idx = self.index.write();
             idx.set_device_health(&r.node, &r.vendor, (healthy, total));
             if changed {
                 idx.set_plugin_config(cfg.clone());
@@ -186,8 +204,10 @@ impl Ingest {
         let (_, caller) = self.identify(&req).await?;
         let r = req.into_inner();
         Self::check_node(&caller, &r.node)?;
+        check_len("agent_version", &r.agent_version, limits::MAX_VERSION_LEN)
+            .map_err(IngestError::Invalid)?;
         let now = crate::extender::unix_now();
-        self.index.write().map_err(|_| poisoned())?.heartbeat(
+        self.index.write().heartbeat(
             &r.node,
             HeartbeatInfo {
                 at: now,
@@ -212,8 +232,18 @@ impl Ingest {
             status: status as i32,
             message,
         };
-        let profile = self.index.read().map_err(|_| poisoned())?.profile(&r.node);
-        let run = match to_stored(caller, r, profile, crate::extender::unix_now()) {
+        let now = crate::extender::unix_now();
+        if let Err((reason, message)) = check_run_report(&r, now) {
+            self.metrics
+                .report_rejections
+                .get_or_create(&crate::metrics::ReasonLabels { reason })
+                .inc();
+            self.metrics.grpc_event("report_runs", "rejected");
+            tracing::warn!(report_id = %report_id.chars().take(64).collect::<String>(), reason = %message, "run report rejected");
+            return Ok(ack(pb::AckStatus::Rejected, message));
+        }
+        let profile = self.index.read().profile(&r.node);
+        let run = match to_stored(caller, r, profile, now) {
             Ok(run) => run,
             Err(reason) => {
                 self.metrics.grpc_event("report_runs", "rejected");
@@ -221,9 +251,8 @@ impl Ingest {
                 return Ok(ack(pb::AckStatus::Rejected, reason));
             }
         };
-        let _g = self.lock.lock().await;
         let start = std::time::Instant::now();
-        let appended = self.store.append_run(run.clone()).await?;
+        let (appended, run) = self.runs.append(run).await?;
         self.metrics
             .store_append_duration
             .observe(start.elapsed().as_secs_f64());
@@ -233,22 +262,7 @@ impl Ingest {
                 Ok(ack(pb::AckStatus::Duplicate, String::new()))
             }
             Appended::Stored(seq) => {
-                let run = StoredRun { seq, ..run };
-                let fb = self.index.write().map_err(|_| poisoned())?.apply_run(&run);
-                match fb {
-                    Ok(Some(fb)) => {
-                        self.metrics
-                            .feedback_rescored_nodes
-                            .inc_by(fb.third_queue.len() as u64);
-                        tracing::info!(node = %run.node, class = %run.class, pod = %format!("{}/{}", run.pod_namespace, run.pod_name), actual_seconds = fb.actual_seconds, review = ?fb.review, "run observed")
-                    }
-                    Ok(None) => {
-                        tracing::info!(node = %run.node, class = %run.class, outcome = ?run.outcome, "run stored, not observed (failed, unclassified or no device profile)")
-                    }
-                    Err(e) => {
-                        tracing::warn!(node = %run.node, class = %run.class, error = %e, "run stored, model refused it")
-                    }
-                }
+                tracing::debug!(node = %run.node, class = %run.class, seq, "run stored; the learner takes it from here");
                 self.metrics.grpc_event("report_runs", "accepted");
                 Ok(ack(pb::AckStatus::Accepted, String::new()))
             }
@@ -256,8 +270,88 @@ impl Ingest {
     }
 }
 
-fn poisoned() -> IngestError {
-    IngestError::Internal("index lock poisoned")
+/// Bounds on a plugin report's names and counts (the vendor and device IDs are checked by
+/// the caller with their own rules).
+fn check_plugin_report(r: &pb::ReportPluginRequest) -> Result<(), String> {
+    check_len(
+        "vendor_resource_name",
+        &r.vendor_resource_name,
+        limits::MAX_OBJECT_NAME_LEN,
+    )?;
+    check_len("plugin_version", &r.plugin_version, limits::MAX_VERSION_LEN)?;
+    if r.devices.len() > limits::MAX_DEVICES_PER_NODE {
+        return Err(format!(
+            "{} devices reported; at most {} per node are accepted",
+            r.devices.len(),
+            limits::MAX_DEVICES_PER_NODE
+        ));
+    }
+    for d in &r.devices {
+        check_len("device model", &d.model, limits::MAX_DEVICE_MODEL_LEN)?;
+        check_len("device uuid", &d.uuid, limits::MAX_DEVICE_UUID_LEN)?;
+    }
+    Ok(())
+}
+
+/// Bounds on a run report before anything is stored: every string that is persisted and
+/// keys the model (class, pod, devices), and times a run can plausibly take. `Err` carries a
+/// metric reason and the REJECTED message.
+fn check_run_report(r: &pb::RunReport, now: f64) -> Result<(), (&'static str, String)> {
+    let name = |e: String| ("name_too_long", e);
+    check_len("run_id", &r.run_id, limits::MAX_REPORT_ID_LEN).map_err(name)?;
+    check_len("class", &r.class, limits::MAX_LABEL_VALUE_LEN).map_err(name)?;
+    check_len(
+        "pod_namespace",
+        &r.pod_namespace,
+        limits::MAX_LABEL_VALUE_LEN,
+    )
+    .map_err(name)?;
+    check_len("pod_name", &r.pod_name, limits::MAX_OBJECT_NAME_LEN).map_err(name)?;
+    check_len("pod_uid", &r.pod_uid, limits::MAX_REPORT_ID_LEN).map_err(name)?;
+    if r.device_ids.len() > limits::MAX_DEVICES_PER_NODE {
+        return Err((
+            "too_many_devices",
+            format!(
+                "{} device IDs; at most {} are accepted",
+                r.device_ids.len(),
+                limits::MAX_DEVICES_PER_NODE
+            ),
+        ));
+    }
+    for d in &r.device_ids {
+        check_name("device ID", d, limits::MAX_DEVICE_ID_LEN).map_err(name)?;
+    }
+    let (start, end) = (
+        r.start_unix_ms as f64 / 1000.0,
+        r.end_unix_ms as f64 / 1000.0,
+    );
+    let implausible = |e: String| ("implausible_time", e);
+    if end - start > limits::MAX_RUN_SECONDS {
+        return Err(implausible(format!(
+            "the run claims {:.0} s (start {} ms, end {} ms); at most {} s are plausible",
+            end - start,
+            r.start_unix_ms,
+            r.end_unix_ms,
+            limits::MAX_RUN_SECONDS
+        )));
+    }
+    if end > now + limits::MAX_CLOCK_SKEW_SECONDS {
+        return Err(implausible(format!(
+            "the run ends {:.0} s in the future (end {} ms); check the node's clock",
+            end - now,
+            r.end_unix_ms
+        )));
+    }
+    // Busy time is summed over the run's devices, so it is bounded by wall time per device.
+    let devices = r.device_ids.len().max(1) as f64;
+    let wall = (end - start).max(0.0);
+    if r.gpu_busy_seconds.is_finite() && r.gpu_busy_seconds > wall * devices + 1.0 {
+        return Err(implausible(format!(
+            "gpu_busy_seconds {} exceeds the run's {wall:.0} s on {devices} devices",
+            r.gpu_busy_seconds
+        )));
+    }
+    Ok(())
 }
 
 /// Converts and validates a report; `Err` is the REJECTED reason.
@@ -328,6 +422,45 @@ fn to_stored(
     })
 }
 
+/// The status that ends a report stream whose next message could not be read.
+fn inbound_error(status: Status) -> Status {
+    match status.code() {
+        tonic::Code::OutOfRange | tonic::Code::ResourceExhausted => {
+            Status::resource_exhausted(format!(
+                "run report refused: {}; a message may be at most {} bytes (later reports on this stream were not read; reconnect and resend them)",
+                status.message(),
+                limits::MAX_GRPC_MESSAGE_BYTES
+            ))
+        }
+        tonic::Code::Internal | tonic::Code::InvalidArgument | tonic::Code::DataLoss => {
+            Status::invalid_argument(format!(
+                "run report refused: {}; later reports on this stream were not read",
+                status.message()
+            ))
+        }
+        _ => status,
+    }
+}
+
+/// The registry service with its message-size bounds ([`limits::MAX_GRPC_MESSAGE_BYTES`] both
+/// ways; the plugin uses the same bound).
+pub fn registry_server(
+    services: Services,
+) -> pb::registry_service_server::RegistryServiceServer<Services> {
+    pb::registry_service_server::RegistryServiceServer::new(services)
+        .max_decoding_message_size(limits::MAX_GRPC_MESSAGE_BYTES)
+        .max_encoding_message_size(limits::MAX_GRPC_MESSAGE_BYTES)
+}
+
+/// The telemetry service with its message-size bounds (as [`registry_server`]).
+pub fn telemetry_server(
+    services: Services,
+) -> pb::telemetry_service_server::TelemetryServiceServer<Services> {
+    pb::telemetry_service_server::TelemetryServiceServer::new(services)
+        .max_decoding_message_size(limits::MAX_GRPC_MESSAGE_BYTES)
+        .max_encoding_message_size(limits::MAX_GRPC_MESSAGE_BYTES)
+}
+
 // === impl RegistryService, TelemetryService ===
 
 /// The gRPC services over one [`Ingest`].
@@ -391,7 +524,12 @@ impl TelemetryService for Services {
                         None => break,
                         Some(Ok(r)) => r,
                         Some(Err(status)) => {
-                            tracing::debug!(%status, "stream ended by the client");
+                            // A message over the size limit or one that does not decode ends
+                            // the inbound stream; say so instead of ending with OK, so the
+                            // agent keeps the report and knows why.
+                            let reply = inbound_error(status);
+                            tracing::warn!(status = %reply, "run report stream ended by a bad message");
+                            let _ = tx.send(Err(reply)).await;
                             break;
                         }
                     };

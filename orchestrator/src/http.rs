@@ -4,6 +4,12 @@
 //! Limits are tower layers: a body limit (extender requests carry whole node lists), a
 //! timeout (bind has its own, longer one: it calls the API server), a concurrency limit and
 //! request tracing. [`AppError`] is the one place errors become HTTP responses.
+//!
+//! A timeout cannot stop CPU-bound work, so work per request is bounded by its input (body
+//! size, [`crate::limits::MAX_NODE_NAMES`]) and the heavy read endpoints (`/state`,
+//! `/explain`, `/metrics`) have their own small concurrency limit, answer 503 beyond it, and
+//! build `/state` on a blocking thread: they never take the workers kube-scheduler's calls
+//! need. [`serve`] owns the accept loop: a connection cap and a header-read timeout.
 
 use crate::extender::Extender;
 use crate::extender::types::{ExtenderArgs, ExtenderBindingArgs};
@@ -18,6 +24,7 @@ use axum::routing::{get, post};
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
 use tower::ServiceBuilder;
 use tower::limit::ConcurrencyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
@@ -31,6 +38,25 @@ pub struct HttpState {
     pub index: SharedIndex,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// Permits of the heavy read endpoints (`/state`, `/explain`, `/metrics`).
+    pub heavy: Semaphore,
+    /// Whether the index answers reads (see [`crate::health`]).
+    pub watchdog: Arc<crate::health::IndexWatchdog>,
+}
+
+impl HttpState {
+    /// State with the default heavy-endpoint limit and a watchdog that has not probed yet.
+    pub fn new(extender: Extender, index: SharedIndex, metrics: Arc<Metrics>) -> Self {
+        Self {
+            extender,
+            index,
+            metrics,
+            heavy: Semaphore::new(crate::limits::DEFAULT_MAX_HEAVY_REQUESTS),
+            watchdog: Arc::new(crate::health::IndexWatchdog::new(
+                crate::health::DEFAULT_STALL_AFTER,
+            )),
+        }
+    }
 }
 
 /// Router limits.
@@ -60,6 +86,14 @@ pub enum AppError {
     /// The index has not synced yet.
     #[error("not ready: the node index has not synced yet")]
     NotReady,
+    /// The index has not answered a read for this long: a writer is stuck holding it.
+    #[error("the index has not answered a read for {0:.1} s")]
+    Stalled(f64),
+    /// Too many heavy read requests at once.
+    #[error(
+        "busy: {0} heavy read requests (/state, /explain, /metrics) are in progress; retry later"
+    )]
+    Busy(usize),
     /// A bug or an I/O failure.
     #[error("internal error: {0}")]
     Internal(String),
@@ -75,7 +109,9 @@ impl IntoResponse for AppError {
         let status = match &self {
             AppError::BadRequest(_) => StatusCode::BAD_REQUEST,
             AppError::NotFound(_) => StatusCode::NOT_FOUND,
-            AppError::NotReady => StatusCode::SERVICE_UNAVAILABLE,
+            AppError::NotReady | AppError::Stalled(_) | AppError::Busy(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             AppError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         if status.is_server_error() {
@@ -93,7 +129,7 @@ impl IntoResponse for AppError {
 
 type St = State<Arc<HttpState>>;
 
-fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, AppError> {
+fn parse<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, AppError> {
     serde_json::from_slice(body).map_err(|e| AppError::BadRequest(format!("invalid JSON: {e}")))
 }
 
@@ -103,7 +139,15 @@ fn json<T: Serialize>(v: &T) -> Result<Response, AppError> {
 }
 
 fn ready(s: &HttpState) -> bool {
-    s.index.read().map(|i| i.ready()).unwrap_or(false)
+    s.index.read().ready()
+}
+
+/// A permit for a heavy read endpoint, or 503 at once (never a queue behind the extender).
+fn heavy(s: &HttpState) -> Result<tokio::sync::SemaphorePermit<'_>, AppError> {
+    s.heavy.try_acquire().map_err(|_| {
+        s.metrics.heavy_requests_refused.inc();
+        AppError::Busy(crate::limits::DEFAULT_MAX_HEAVY_REQUESTS)
+    })
 }
 
 fn observe(s: &HttpState, verb: &'static str, start: Instant, ok: bool) {
@@ -152,20 +196,40 @@ async fn bind(State(s): St, body: Bytes) -> Result<Response, AppError> {
     json(&r)
 }
 
-async fn healthz() -> &'static str {
-    "ok"
+/// Liveness: fails while the index is stalled, so the kubelet restarts the process.
+async fn healthz(State(s): St) -> Result<&'static str, AppError> {
+    match s.watchdog.stalled_for() {
+        Some(d) => Err(AppError::Stalled(d.as_secs_f64())),
+        None => Ok("ok"),
+    }
 }
 
+/// Readiness: the index synced and answers reads. Checked without the index lock, so a
+/// stuck writer cannot also stall the probe.
 async fn readyz(State(s): St) -> Result<&'static str, AppError> {
-    if ready(&s) {
-        Ok("ok")
-    } else {
-        Err(AppError::NotReady)
+    if let Some(d) = s.watchdog.stalled_for() {
+        return Err(AppError::Stalled(d.as_secs_f64()));
+    }
+    let index = s.index.clone();
+    let synced = tokio::task::spawn_blocking(move || {
+        index
+            .try_read_for(crate::health::DEFAULT_STALL_AFTER)
+            .map(|i| i.ready())
+    })
+    .await
+    .map_err(|e| AppError::Internal(e.to_string()))?;
+    match synced {
+        Some(true) => Ok("ok"),
+        Some(false) => Err(AppError::NotReady),
+        None => Err(AppError::Stalled(
+            crate::health::DEFAULT_STALL_AFTER.as_secs_f64(),
+        )),
     }
 }
 
 /// OpenMetrics when the scraper asks for it (Prometheus does), else Prometheus text 0.0.4.
 async fn metrics(State(s): St, headers: axum::http::HeaderMap) -> Result<Response, AppError> {
+    let _permit = heavy(&s)?;
     let openmetrics = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -189,6 +253,7 @@ async fn explain(
     State(s): St,
     Path((namespace, pod)): Path<(String, String)>,
 ) -> Result<Response, AppError> {
+    let _permit = heavy(&s)?;
     let e = s.extender.explain.get(&namespace, &pod).ok_or_else(|| {
         AppError::NotFound(format!(
             "no ranking for pod {namespace}/{pod} since this orchestrator started; \
@@ -197,7 +262,7 @@ async fn explain(
     })?;
     // The third queue: nodes re-scored by the class's latest run feedback.
     let third_queue = e.ranking.class.as_deref().and_then(|c| {
-        let index = s.index.read().ok()?;
+        let index = s.index.read();
         index.third_queue(c).cloned()
     });
     #[derive(Serialize)]
@@ -213,24 +278,29 @@ async fn explain(
     })
 }
 
+/// `GET /state`: the view is built and serialised on a blocking thread (it is proportional
+/// to the whole index), under the heavy-endpoint limit.
 async fn get_state(State(s): St) -> Result<Response, AppError> {
-    let now = crate::extender::unix_now();
-    let view = s
-        .index
-        .read()
-        .map_err(|_| AppError::Internal("index lock poisoned".into()))?
-        .view(now);
-    #[derive(Serialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Full<'a> {
-        #[serde(flatten)]
-        view: &'a crate::index::StateView,
-        gang_reservations: std::collections::BTreeMap<String, crate::extender::ledger::Reservation>,
-    }
-    json(&Full {
-        view: &view,
-        gang_reservations: s.extender.ledger.reservations(now).into_iter().collect(),
+    let _permit = heavy(&s)?;
+    let st = s.clone();
+    tokio::task::spawn_blocking(move || {
+        let now = crate::extender::unix_now();
+        let view = st.index.read().view(now);
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Full<'a> {
+            #[serde(flatten)]
+            view: &'a crate::index::StateView,
+            gang_reservations:
+                std::collections::BTreeMap<String, crate::extender::ledger::Reservation>,
+        }
+        json(&Full {
+            view: &view,
+            gang_reservations: st.extender.ledger.reservations(now).into_iter().collect(),
+        })
     })
+    .await
+    .map_err(|e| AppError::Internal(e.to_string()))?
 }
 
 /// Builds the router; testable with `tower::ServiceExt::oneshot`.
@@ -257,4 +327,87 @@ pub fn router(state: Arc<HttpState>, limits: &HttpLimits) -> Router {
             .layer(DefaultBodyLimit::max(limits.max_body_bytes))
             .layer(ConcurrencyLimitLayer::new(limits.max_concurrent)),
     )
+}
+
+/// Connection limits of [`serve`].
+#[derive(Clone, Copy, Debug)]
+pub struct ConnLimits {
+    /// Open connections at most; more are closed as soon as they are accepted.
+    pub max_connections: usize,
+    /// Time a client has to send a request's headers.
+    pub header_read_timeout: Duration,
+}
+
+/// Serves `app` on `listener` (HTTP/1.1, keep-alive) until `shutdown` resolves, then lets
+/// open connections finish their current request. Connections beyond the cap are closed at
+/// once and counted; a client that does not send its headers in time is disconnected.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    limits: ConnLimits,
+    metrics: Arc<Metrics>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::server::conn::auto::Builder;
+    use hyper_util::service::TowerToHyperService;
+
+    let conns = Arc::new(Semaphore::new(limits.max_connections));
+    let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .keep_alive(true);
+    let builder = Arc::new(builder.http1_only());
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = conns.clone().try_acquire_owned() else {
+            metrics.http_connections_refused.inc();
+            tracing::warn!(%peer, max = limits.max_connections, "connection refused: too many open connections");
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(app.clone());
+        let builder = builder.clone();
+        let mut drain = drain_rx.clone();
+        tokio::spawn(async move {
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            let mut draining = false;
+            loop {
+                tokio::select! {
+                    r = conn.as_mut() => {
+                        if let Err(e) = r {
+                            tracing::debug!(%peer, error = %e, "connection ended with an error");
+                        }
+                        break;
+                    }
+                    _ = drain.wait_for(|d| *d), if !draining => {
+                        draining = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                }
+            }
+            drop(permit);
+        });
+    }
+    let _ = drain_tx.send(true);
+    // Every connection holds a permit until it ends: having them all back means drained.
+    let _ = conns.acquire_many(limits.max_connections as u32).await;
+    Ok(())
 }

@@ -246,13 +246,15 @@ pub fn pod_facts(pod: &Pod, unified: &str) -> Result<PodFacts, PodError> {
             let size = match size {
                 None => 1,
                 Some(s) => match s.trim().parse::<u32>() {
-                    Ok(n) if n >= 1 => n,
+                    // Bounded: a placement allocates per member.
+                    Ok(n) if (1..=crate::limits::MAX_GANG_SIZE).contains(&n) => n,
                     _ => {
+                        const _: () = assert!(crate::limits::MAX_GANG_SIZE == 4096);
                         return Err(PodError {
                             pod: id,
                             key: labels::GANG_SIZE,
-                            value: s.clone(),
-                            expected: "a positive integer",
+                            value: s.chars().take(32).collect(),
+                            expected: "an integer from 1 to 4096",
                         });
                     }
                 },

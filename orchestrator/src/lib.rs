@@ -25,9 +25,12 @@ pub mod extender;
 mod fake_api;
 pub mod fasthash;
 pub mod grpc;
+pub mod health;
 pub mod http;
 pub mod index;
 pub mod kobj;
+pub mod learn;
+pub mod limits;
 pub mod metrics;
 pub mod quantity;
 pub mod rollout;
@@ -42,7 +45,7 @@ use config::{AuthMode, Settings, StoreKind};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch as tokio_watch;
 use tracing::Instrument;
@@ -158,10 +161,13 @@ async fn kube_client(s: &Settings) -> anyhow::Result<Option<kube::Client>> {
     ))
 }
 
+/// Opens the configured store and loads it. A damaged file store is moved aside and replaced
+/// by an empty one, loudly (see [`store::FileStore::open_checked`]).
 async fn open_store(
     s: &Settings,
     client: Option<&kube::Client>,
-) -> anyhow::Result<Arc<dyn store::Store>> {
+    metrics: &metrics::Metrics,
+) -> anyhow::Result<(Arc<dyn store::Store>, store::Loaded)> {
     Ok(match s.store_kind {
         StoreKind::File => {
             if let Some(dir) = s.store_path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -169,21 +175,22 @@ async fn open_store(
                     .with_context(|| format!("creating {}", dir.display()))?;
             }
             tracing::info!(path = %s.store_path.display(), "file store");
-            Arc::new(
-                store::FileStore::open(&s.store_path)
-                    .with_context(|| format!("opening store {}", s.store_path.display()))?,
-            )
+            let (store, loaded) = store::FileStore::open_checked(&s.store_path, metrics)
+                .with_context(|| format!("opening store {}", s.store_path.display()))?;
+            (Arc::new(store), loaded)
         }
         StoreKind::ConfigMap => {
             let client = client.context(
                 "store.kind configMap needs a cluster; use the file store in standalone mode",
             )?;
             tracing::info!(namespace = %s.store_namespace, name = %s.store_name, "ConfigMap store");
-            Arc::new(store_k8s::ConfigMapStore::new(
+            let store: Arc<dyn store::Store> = Arc::new(store_k8s::ConfigMapStore::new(
                 client.clone(),
                 &s.store_namespace,
                 &s.store_name,
-            ))
+            ));
+            let loaded = store.load().await.context("loading state")?;
+            (store, loaded)
         }
     })
 }
@@ -216,14 +223,9 @@ fn authenticator(
     })
 }
 
-/// Rebuilds the index from the store: plugin configuration, model snapshot, then every run
-/// accepted after the snapshot, in order.
-pub async fn restore(
-    s: &Settings,
-    store: &dyn store::Store,
-    cluster: bool,
-) -> anyhow::Result<index::Index> {
-    let loaded = store.load().await.context("loading state")?;
+/// Rebuilds the index from loaded state: plugin configuration, model snapshot, then every
+/// run accepted after the snapshot, in order.
+pub fn restore(s: &Settings, loaded: store::Loaded, cluster: bool) -> anyhow::Result<index::Index> {
     let scheduler = index::scheduler_from(
         s.scheduler.clone(),
         loaded.model.as_ref().map(|(m, _)| m.as_slice()),
@@ -254,16 +256,23 @@ pub async fn restore(
     Ok(idx)
 }
 
+/// Saves the published model when it includes runs the last snapshot does not. The lock is
+/// held only to copy a pointer; serialising runs on a blocking thread.
 async fn snapshot(index: &index::SharedIndex, store: &dyn store::Store, saved: &mut u64) {
-    let snap = match index.read() {
-        Ok(i) if i.applied_seq() > *saved => i.model_snapshot(),
-        _ => return,
+    let (model, seq) = {
+        let i = index.read();
+        if i.applied_seq() <= *saved {
+            return;
+        }
+        (i.model(), i.applied_seq())
     };
-    match snap {
-        Ok((bytes, seq)) => match store.save_model(bytes, seq).await {
+    let bytes = tokio::task::spawn_blocking(move || serde_json::to_vec(model.state())).await;
+    match bytes {
+        Ok(Ok(bytes)) => match store.save_model(bytes, seq).await {
             Ok(()) => *saved = seq,
             Err(e) => tracing::warn!(error = %e, "model snapshot failed; runs stay replayable"),
         },
+        Ok(Err(e)) => tracing::warn!(error = %e, "serialising the model failed"),
         Err(e) => tracing::warn!(error = %e, "serialising the model failed"),
     }
 }
@@ -277,15 +286,19 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         .context("invalid `scheduler` section of the config")?;
     let client = kube_client(&s).await?;
     let cluster = client.is_some();
-    let store = open_store(&s, client.as_ref()).await?;
-    let auth = authenticator(&s, client.as_ref())?;
-    let idx = restore(&s, &*store, cluster).await?;
-    let mut saved_seq = idx.applied_seq();
     let metrics = Arc::new(metrics::Metrics::new());
+    let (store, loaded) = open_store(&s, client.as_ref(), &metrics).await?;
+    let auth = authenticator(&s, client.as_ref())?;
+    let idx = restore(&s, loaded, cluster)?;
+    let mut saved_seq = idx.applied_seq();
     metrics
         .plugin_generation
         .set(idx.plugin_config().generation as i64);
-    let index: index::SharedIndex = Arc::new(RwLock::new(idx));
+    let index: index::SharedIndex = Arc::new(parking_lot::RwLock::new(idx));
+    let watchdog = Arc::new(health::IndexWatchdog::new(health::DEFAULT_STALL_AFTER));
+    watchdog
+        .spawn(&index, health::DEFAULT_PROBE_PERIOD, metrics.clone())
+        .context("starting the index watchdog thread")?;
     if let Some(c) = &client {
         watch::spawn(
             c.clone(),
@@ -300,18 +313,18 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         Some(c) => Arc::new(extender::bind::KubeBinder::new(c.clone())),
         None => Arc::new(extender::bind::LocalBinder),
     };
-    let http_state = Arc::new(http::HttpState {
-        extender: extender::Extender {
-            index: index.clone(),
-            ledger: extender::ledger::Ledger::new(cluster),
-            explain: extender::ExplainCache::default(),
-            binder,
-            metrics: metrics.clone(),
-            unified: s.unified_resource_name.clone(),
-            last_filter: Default::default(),
-        },
+    let extender = extender::Extender {
         index: index.clone(),
+        ledger: extender::ledger::Ledger::new(cluster),
+        explain: extender::ExplainCache::default(),
+        binder,
         metrics: metrics.clone(),
+        unified: s.unified_resource_name.clone(),
+        last_filter: Default::default(),
+    };
+    let http_state = Arc::new(http::HttpState {
+        watchdog,
+        ..http::HttpState::new(extender, index.clone(), metrics.clone())
     });
     let limits = http::HttpLimits {
         prefix: s.extender_prefix.clone(),
@@ -326,14 +339,20 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         .with_context(|| format!("binding HTTP {}", s.http_listen))?;
     tracing::info!(addr = %http_listener.local_addr()?, prefix = %s.extender_prefix, "HTTP listening");
     let mut rx = drain_rx.clone();
+    let conn_limits = http::ConnLimits {
+        max_connections: s.max_connections,
+        header_read_timeout: s.header_read_timeout,
+    };
     let http_task = tokio::spawn(
-        async move {
-            axum::serve(http_listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = rx.wait_for(|d| *d).await;
-                })
-                .await
-        }
+        http::serve(
+            http_listener,
+            app,
+            conn_limits,
+            metrics.clone(),
+            async move {
+                let _ = rx.wait_for(|d| *d).await;
+            },
+        )
         .instrument(tracing::info_span!("http")),
     );
 
@@ -345,14 +364,13 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         unified: s.unified_resource_name.clone(),
         heartbeat_max_age: s.heartbeat_max_age_seconds,
         lock: tokio::sync::Mutex::new(()),
+        runs: learn::RunWriter::spawn(
+            store.clone(),
+            learn::Learner::spawn(index.clone(), metrics.clone(), None),
+        ),
         draining: drain_rx.clone(),
         // Rollout subscribes here (rollout::start) when enabled.
-        plugin_updates: tokio_watch::Sender::new(
-            index
-                .read()
-                .map(|i| i.plugin_config().clone())
-                .unwrap_or_default(),
-        ),
+        plugin_updates: tokio_watch::Sender::new(index.read().plugin_config().clone()),
     });
     let mut rx = drain_rx.clone();
     rollout::start(
@@ -370,10 +388,6 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         .with_context(|| format!("binding gRPC {}", s.grpc_listen))?;
     tracing::info!(addr = %grpc_listener.local_addr()?, "gRPC listening");
     let services = grpc::Services(ingest);
-    use kudos_proto::kudos::v1::{
-        registry_service_server::RegistryServiceServer,
-        telemetry_service_server::TelemetryServiceServer,
-    };
     let mut rx = drain_rx.clone();
     let grpc_task = tokio::spawn(
         tonic::transport::Server::builder()
@@ -384,10 +398,8 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
             .tcp_keepalive(Some(Duration::from_secs(60)))
-            .add_service(
-                RegistryServiceServer::new(services.clone()).max_decoding_message_size(1 << 20),
-            )
-            .add_service(TelemetryServiceServer::new(services).max_decoding_message_size(1 << 20))
+            .add_service(grpc::registry_server(services.clone()))
+            .add_service(grpc::telemetry_server(services))
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
                 async move {

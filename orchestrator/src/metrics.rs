@@ -23,6 +23,13 @@ pub struct OutcomeLabels {
     pub outcome: &'static str,
 }
 
+/// Label set `{reason}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// Why, as a short identifier.
+    pub reason: &'static str,
+}
+
 /// All metrics of the process.
 pub struct Metrics {
     registry: Registry,
@@ -47,6 +54,20 @@ pub struct Metrics {
     pub rollout: kudos_rollout::RolloutMetrics,
     /// Node monitoring gauges per configured node (`kudos_orchestrator_node_*`).
     pub monitor: kudos_rollout::MonitorMetrics,
+    /// Run reports refused by a bound, by reason.
+    pub report_rejections: Family<ReasonLabels, Counter>,
+    /// HTTP connections closed at accept because the connection cap was reached.
+    pub http_connections_refused: Counter,
+    /// Heavy read requests (`/state`, `/explain`, `/metrics`) refused with 503.
+    pub heavy_requests_refused: Counter,
+    /// Store files found damaged or empty and moved aside at start.
+    pub store_recoveries: Family<ReasonLabels, Counter>,
+    /// Seconds the index has not answered a read (0 while it answers).
+    pub index_stalled_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Time to learn one batch of runs on a copy of the model and publish it.
+    pub learn_batch_duration: Histogram,
+    /// Runs learned from, in batches.
+    pub learned_runs: Counter,
 }
 
 impl Default for Metrics {
@@ -111,8 +132,57 @@ impl Metrics {
         rollout.register(registry.sub_registry_with_prefix("rollout"));
         let monitor = kudos_rollout::MonitorMetrics::default();
         monitor.register(registry.sub_registry_with_prefix("node"));
+        let report_rejections = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "run_report_rejections",
+            "Run reports refused by a bound (implausible times, oversized names), by reason",
+            report_rejections.clone(),
+        );
+        let http_connections_refused = Counter::default();
+        registry.register(
+            "http_connections_refused",
+            "HTTP connections closed at accept because the connection cap was reached",
+            http_connections_refused.clone(),
+        );
+        let heavy_requests_refused = Counter::default();
+        registry.register(
+            "heavy_requests_refused",
+            "Requests to /state, /explain or /metrics refused because too many were in progress",
+            heavy_requests_refused.clone(),
+        );
+        let store_recoveries = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "store_recoveries",
+            "Store files found empty or damaged at start and moved aside, by reason",
+            store_recoveries.clone(),
+        );
+        let index_stalled_seconds = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "index_stalled_seconds",
+            "Seconds the index has not answered a read (0 while it answers)",
+            index_stalled_seconds.clone(),
+        );
+        let learn_batch_duration = Histogram::new(exponential_buckets(0.000_1, 2.0, 18));
+        registry.register(
+            "learn_batch_duration_seconds",
+            "Time to learn one batch of accepted runs on a copy of the model and publish it",
+            learn_batch_duration.clone(),
+        );
+        let learned_runs = Counter::default();
+        registry.register(
+            "learned_runs",
+            "Accepted runs the model learned from",
+            learned_runs.clone(),
+        );
         Self {
             registry,
+            report_rejections,
+            http_connections_refused,
+            heavy_requests_refused,
+            store_recoveries,
+            index_stalled_seconds,
+            learn_batch_duration,
+            learned_runs,
             extender_duration,
             extender_requests,
             grpc,

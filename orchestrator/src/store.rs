@@ -10,6 +10,7 @@
 //! [`FileStore`] (redb, fsync on commit) is the default, so one binary runs with no cluster;
 //! [`crate::store_k8s::ConfigMapStore`] keeps the same data in a ConfigMap in a cluster.
 
+use crate::metrics::{Metrics, ReasonLabels};
 use crate::state::{PluginConfig, StoredRun};
 use futures::future::BoxFuture;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -34,6 +35,18 @@ pub enum StoreError {
     /// A blocking task panicked or was cancelled.
     #[error("store task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
+    /// The file is damaged: the embedded database panicked reading or writing it.
+    #[error("the store file is damaged: {0}")]
+    Damaged(String),
+    /// Moving a damaged file aside failed.
+    #[error("moving the damaged store {path} aside: {source}")]
+    MoveAside {
+        /// The damaged file.
+        path: std::path::PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// What `load` returns.
@@ -66,6 +79,20 @@ pub trait Store: Send + Sync + 'static {
     fn save_plugin_config(&self, cfg: PluginConfig) -> BoxFuture<'_, Result<(), StoreError>>;
     /// Stores a run unless its report ID is known; assigns `seq`.
     fn append_run(&self, run: StoredRun) -> BoxFuture<'_, Result<Appended, StoreError>>;
+    /// Stores runs in order, one outcome per run. The default appends one at a time; a store
+    /// that can commit many at once (one fsync) overrides it.
+    fn append_runs(
+        &self,
+        runs: Vec<StoredRun>,
+    ) -> BoxFuture<'_, Result<Vec<Appended>, StoreError>> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(runs.len());
+            for run in runs {
+                out.push(self.append_run(run).await?);
+            }
+            Ok(out)
+        })
+    }
     /// Replaces the model snapshot, which includes every run up to `applied_seq`.
     fn save_model(&self, model: Vec<u8>, applied_seq: u64)
     -> BoxFuture<'_, Result<(), StoreError>>;
@@ -98,6 +125,58 @@ impl FileStore {
         }
         txn.commit().map_err(redb::Error::from)?;
         Ok(Self { db: Arc::new(db) })
+    }
+
+    /// Opens the file and loads it, recovering from a damaged one: an empty file (a store
+    /// always holds its tables, so zero bytes means a truncation), a corrupt page, undecodable
+    /// contents, or a panic inside redb. The damaged file is moved aside as
+    /// `<path>.damaged-<unix seconds>` (kept for inspection), an error is logged and counted in
+    /// `kudos_orchestrator_store_recoveries_total`, and an empty store starts in its place.
+    /// Other errors (permissions, another process holding the file) are returned untouched.
+    pub fn open_checked(path: &Path, metrics: &Metrics) -> Result<(Self, Loaded), StoreError> {
+        let damage = match std::fs::metadata(path) {
+            Ok(m) if m.len() == 0 => Some(("empty", "the file has zero bytes".to_owned())),
+            _ => None,
+        };
+        let damage = match damage {
+            Some(d) => d,
+            None => match guarded(|| {
+                let store = Self::open(path)?;
+                let loaded = store.load_sync()?;
+                Ok((store, loaded))
+            }) {
+                Ok(opened) => return Ok(opened),
+                Err(e) => match damage_kind(&e) {
+                    Some(kind) => (kind, e.to_string()),
+                    None => return Err(e),
+                },
+            },
+        };
+        let (kind, why) = damage;
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut aside = path.as_os_str().to_owned();
+        aside.push(format!(".damaged-{secs}"));
+        let aside = std::path::PathBuf::from(aside);
+        std::fs::rename(path, &aside).map_err(|source| StoreError::MoveAside {
+            path: path.to_owned(),
+            source,
+        })?;
+        metrics
+            .store_recoveries
+            .get_or_create(&ReasonLabels { reason: kind })
+            .inc();
+        tracing::error!(
+            path = %path.display(),
+            moved_to = %aside.display(),
+            reason = %why,
+            "THE STORE FILE IS DAMAGED: it was moved aside and the orchestrator starts with an EMPTY store \
+             (plugin configuration and learned history are lost until plugins report again and runs arrive)"
+        );
+        let store = Self::open(path)?;
+        let loaded = store.load_sync()?;
+        Ok((store, loaded))
     }
 
     fn load_sync(&self) -> Result<Loaded, StoreError> {
@@ -143,56 +222,115 @@ impl FileStore {
         Ok(())
     }
 
-    fn append_sync(&self, mut run: StoredRun) -> Result<Appended, StoreError> {
+    /// Appends `runs` in one transaction (one fsync); a report ID seen before, or earlier in
+    /// the same batch, is a duplicate.
+    fn append_sync(&self, runs: Vec<StoredRun>) -> Result<Vec<Appended>, StoreError> {
         let txn = self.db.begin_write().map_err(redb::Error::from)?;
-        let outcome = {
+        let mut outcomes = Vec::with_capacity(runs.len());
+        {
             let mut ids = txn.open_table(REPORT_IDS).map_err(redb::Error::from)?;
-            if ids
-                .get(run.report_id.as_str())
+            let mut table = txn.open_table(RUNS).map_err(redb::Error::from)?;
+            let mut last = table
+                .last()
                 .map_err(redb::Error::from)?
-                .is_some()
-            {
-                Appended::Duplicate
-            } else {
-                let mut runs = txn.open_table(RUNS).map_err(redb::Error::from)?;
-                let last = runs
-                    .last()
+                .map_or(0, |(k, _)| k.value());
+            for mut run in runs {
+                if ids
+                    .get(run.report_id.as_str())
                     .map_err(redb::Error::from)?
-                    .map(|(k, _)| k.value());
-                run.seq = last.unwrap_or(0) + 1;
+                    .is_some()
+                {
+                    outcomes.push(Appended::Duplicate);
+                    continue;
+                }
+                last += 1;
+                run.seq = last;
                 let bytes = serde_json::to_vec(&run)?;
-                runs.insert(run.seq, bytes.as_slice())
+                table
+                    .insert(run.seq, bytes.as_slice())
                     .map_err(redb::Error::from)?;
                 ids.insert(run.report_id.as_str(), run.seq)
                     .map_err(redb::Error::from)?;
-                Appended::Stored(run.seq)
+                outcomes.push(Appended::Stored(run.seq));
             }
-        };
-        match outcome {
-            Appended::Stored(_) => txn.commit().map_err(redb::Error::from)?,
-            Appended::Duplicate => txn.abort().map_err(redb::Error::from)?,
         }
-        Ok(outcome)
+        if outcomes.iter().any(|o| matches!(o, Appended::Stored(_))) {
+            txn.commit().map_err(redb::Error::from)?;
+        } else {
+            txn.abort().map_err(redb::Error::from)?;
+        }
+        Ok(outcomes)
     }
+
+    /// Runs `f` on a blocking thread; a panic inside redb (a damaged page) becomes
+    /// [`StoreError::Damaged`] instead of taking the process down.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Self) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || guarded(|| f(&this))).await?
+    }
+}
+
+/// Whether `e` says the file's contents are damaged (as opposed to unreachable).
+fn damage_kind(e: &StoreError) -> Option<&'static str> {
+    match e {
+        StoreError::Damaged(_) => Some("panic"),
+        StoreError::Json(_) => Some("undecodable"),
+        StoreError::Redb(redb::Error::Corrupted(_) | redb::Error::RepairAborted) => {
+            Some("corrupted")
+        }
+        StoreError::Redb(redb::Error::Io(io))
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof
+            ) =>
+        {
+            Some("corrupted")
+        }
+        _ => None,
+    }
+}
+
+/// Calls `f`, turning a panic into [`StoreError::Damaged`].
+fn guarded<T>(f: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        let msg = p
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "panic without a message".into());
+        Err(StoreError::Damaged(msg))
+    })
 }
 
 impl Store for FileStore {
     fn load(&self) -> BoxFuture<'_, Result<Loaded, StoreError>> {
-        let this = self.clone();
-        Box::pin(async move { tokio::task::spawn_blocking(move || this.load_sync()).await? })
+        Box::pin(self.blocking(Self::load_sync))
     }
 
     fn save_plugin_config(&self, cfg: PluginConfig) -> BoxFuture<'_, Result<(), StoreError>> {
-        let this = self.clone();
         Box::pin(async move {
             let bytes = serde_json::to_vec(&cfg)?;
-            tokio::task::spawn_blocking(move || this.put_meta(&[(KEY_PLUGIN, bytes)])).await?
+            self.blocking(move |s| s.put_meta(&[(KEY_PLUGIN, bytes)]))
+                .await
         })
     }
 
     fn append_run(&self, run: StoredRun) -> BoxFuture<'_, Result<Appended, StoreError>> {
-        let this = self.clone();
-        Box::pin(async move { tokio::task::spawn_blocking(move || this.append_sync(run)).await? })
+        Box::pin(async move {
+            let mut out = self.blocking(move |s| s.append_sync(vec![run])).await?;
+            out.pop()
+                .ok_or_else(|| StoreError::Damaged("an append returned no outcome".into()))
+        })
+    }
+
+    fn append_runs(
+        &self,
+        runs: Vec<StoredRun>,
+    ) -> BoxFuture<'_, Result<Vec<Appended>, StoreError>> {
+        Box::pin(self.blocking(move |s| s.append_sync(runs)))
     }
 
     fn save_model(
@@ -200,13 +338,10 @@ impl Store for FileStore {
         model: Vec<u8>,
         applied_seq: u64,
     ) -> BoxFuture<'_, Result<(), StoreError>> {
-        let this = self.clone();
         Box::pin(async move {
             let seq = serde_json::to_vec(&applied_seq)?;
-            tokio::task::spawn_blocking(move || {
-                this.put_meta(&[(KEY_MODEL, model), (KEY_MODEL_SEQ, seq)])
-            })
-            .await?
+            self.blocking(move |s| s.put_meta(&[(KEY_MODEL, model), (KEY_MODEL_SEQ, seq)]))
+                .await
         })
     }
 }
@@ -261,5 +396,82 @@ mod tests {
         assert_eq!(l.runs_to_replay[0].report_id, "b");
         assert_eq!(l.known_reports, 2);
         assert_eq!(s.append_run(run("b")).await.unwrap(), Appended::Duplicate);
+    }
+
+    fn recoveries(m: &Metrics, reason: &'static str) -> u64 {
+        m.store_recoveries
+            .get_or_create(&ReasonLabels { reason })
+            .get()
+    }
+
+    fn damaged_files(dir: &Path) -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().contains(".damaged-"))
+            .collect()
+    }
+
+    /// A zero-length store used to start silently empty: now it is moved aside, counted, and
+    /// an empty store starts loudly in its place.
+    #[tokio::test]
+    async fn an_empty_file_is_moved_aside_and_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        std::fs::write(&path, b"").unwrap();
+        let m = Metrics::new();
+        let (s, loaded) = FileStore::open_checked(&path, &m).unwrap();
+        assert_eq!(loaded.known_reports, 0);
+        assert_eq!(recoveries(&m, "empty"), 1);
+        assert_eq!(damaged_files(dir.path()).len(), 1);
+        assert_eq!(s.append_run(run("a")).await.unwrap(), Appended::Stored(1));
+        // A healthy file opens as it is.
+        drop(s);
+        let (_, loaded) = FileStore::open_checked(&path, &m).unwrap();
+        assert_eq!(loaded.known_reports, 1);
+        assert_eq!(damaged_files(dir.path()).len(), 1);
+    }
+
+    /// A damaged 4 KiB block made redb panic: every block of a store, damaged in turn, opens
+    /// without a panic, either intact or moved aside and reported.
+    #[tokio::test]
+    async fn every_damaged_block_is_survived() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("good.redb");
+        {
+            let s = FileStore::open(&good).unwrap();
+            for i in 0..50 {
+                s.append_run(run(&format!("r{i}"))).await.unwrap();
+            }
+            s.save_model(vec![b'7'; 10_000], 20).await.unwrap();
+        }
+        let bytes = std::fs::read(&good).unwrap();
+        let m = Metrics::new();
+        let mut recovered = 0;
+        for block in 0..bytes.len().div_ceil(4096) {
+            let case = dir.path().join(format!("b{block}"));
+            std::fs::create_dir(&case).unwrap();
+            let path = case.join("s.redb");
+            let mut damaged = bytes.clone();
+            let end = ((block + 1) * 4096).min(damaged.len());
+            damaged[block * 4096..end].fill(0xA5);
+            std::fs::write(&path, &damaged).unwrap();
+            let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                FileStore::open_checked(&path, &m)
+            }));
+            let opened = opened.unwrap_or_else(|_| panic!("block {block}: open panicked"));
+            let (store, _) = opened.unwrap_or_else(|e| panic!("block {block}: {e}"));
+            if !damaged_files(&case).is_empty() {
+                recovered += 1;
+            }
+            // Whatever was found, the store takes writes afterwards.
+            store.append_run(run("after")).await.unwrap();
+        }
+        assert!(recovered > 0, "no damaged block was detected");
+        let total: u64 = ["panic", "undecodable", "corrupted"]
+            .into_iter()
+            .map(|r| recoveries(&m, r))
+            .sum();
+        assert_eq!(total, recovered);
     }
 }

@@ -28,7 +28,7 @@ pub fn spawn(client: kube::Client, index: SharedIndex, metrics: Arc<Metrics>, un
                 .default_backoff()
                 .boxed();
             while let Some(ev) = stream.next().await {
-                let Ok(mut index) = idx.write() else { break };
+                let mut index = idx.write();
                 match ev {
                     Ok(Event::Apply(n)) => index.apply_node(kobj::node_info(&n, &uni)),
                     Ok(Event::Delete(n)) => {
@@ -59,7 +59,7 @@ pub fn spawn(client: kube::Client, index: SharedIndex, metrics: Arc<Metrics>, un
             while let Some(ev) = stream.next().await {
                 let facts =
                     |p: &Pod| kobj::pod_facts(p, &unified).unwrap_or_else(|_| lenient(p, &unified));
-                let Ok(mut index) = index.write() else { break };
+                let mut index = index.write();
                 match ev {
                     Ok(Event::Apply(p)) => index.apply_pod(&facts(&p)),
                     Ok(Event::Delete(p)) => index.delete_pod(&facts(&p)),

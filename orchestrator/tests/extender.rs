@@ -129,7 +129,7 @@ async fn permanent_rejections_are_unresolvable() {
     cfg.upsert("amd-busy", "amd", entry(gpu, 2, 80 << 30), UNIFIED);
     cfg.upsert("amd-ok", "amd", entry(gpu, 4, 80 << 30), UNIFIED);
     idx.set_plugin_config(cfg);
-    let app = mk_app(std::sync::Arc::new(std::sync::RwLock::new(idx)));
+    let app = mk_app(std::sync::Arc::new(parking_lot::RwLock::new(idx)));
     let nodes = ["nv", "amd-small", "amd-one", "amd-busy", "amd-ok"];
     let filter = |name: &str| {
         serde_json::to_vec(
@@ -369,7 +369,7 @@ async fn readiness_waits_for_the_index() {
         Scheduler::new(SchedulerConfig::default()),
         true,
     );
-    let index = std::sync::Arc::new(std::sync::RwLock::new(idx));
+    let index = std::sync::Arc::new(parking_lot::RwLock::new(idx));
     let app = mk_app(index.clone());
     assert_eq!(
         call(app.clone(), "GET", "/healthz", vec![]).await.0,
@@ -384,8 +384,8 @@ async fn readiness_waits_for_the_index() {
         call(app.clone(), "POST", "/kudos/v1/filter", req).await.0,
         StatusCode::SERVICE_UNAVAILABLE
     );
-    index.write().unwrap().reset_nodes(vec![]);
-    index.write().unwrap().reset_pods(&[]);
+    index.write().reset_nodes(vec![]);
+    index.write().reset_pods(&[]);
     assert_eq!(call(app, "GET", "/readyz", vec![]).await.0, StatusCode::OK);
 }
 

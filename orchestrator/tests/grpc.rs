@@ -13,9 +13,7 @@ use kudos_orchestrator::state::{PluginConfig, StoredRun};
 use kudos_orchestrator::store::{Appended, FileStore, Loaded, Store, StoreError};
 use kudos_proto::kudos::v1 as pb;
 use pb::registry_service_client::RegistryServiceClient;
-use pb::registry_service_server::RegistryServiceServer;
 use pb::telemetry_service_client::TelemetryServiceClient;
-use pb::telemetry_service_server::TelemetryServiceServer;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc};
@@ -49,6 +47,7 @@ impl Store for GatedStore {
 struct Server {
     addr: String,
     index: SharedIndex,
+    metrics: Arc<Metrics>,
     store: Arc<dyn Store>,
     _dir: tempfile::TempDir,
 }
@@ -70,11 +69,14 @@ async fn start(gate: Option<Arc<Semaphore>>) -> Server {
     );
     // No drain in these tests: a dropped sender never signals one.
     let (_, draining) = tokio::sync::watch::channel(false);
+    let metrics = Arc::new(Metrics::new());
+    let server_metrics = metrics.clone();
     let ingest = Arc::new(Ingest {
+        runs: run_writer(store.clone(), index.clone(), metrics.clone()),
         index: index.clone(),
         store: store.clone(),
         auth: Arc::new(auth),
-        metrics: Arc::new(Metrics::new()),
+        metrics,
         unified: UNIFIED.into(),
         heartbeat_max_age: 120.0,
         lock: tokio::sync::Mutex::new(()),
@@ -86,13 +88,14 @@ async fn start(gate: Option<Arc<Semaphore>>) -> Server {
     let svc = Services(ingest);
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(RegistryServiceServer::new(svc.clone()))
-            .add_service(TelemetryServiceServer::new(svc))
+            .add_service(kudos_orchestrator::grpc::registry_server(svc.clone()))
+            .add_service(kudos_orchestrator::grpc::telemetry_server(svc))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
     Server {
         addr,
         index,
+        metrics: server_metrics,
         store,
         _dir: dir,
     }
@@ -136,7 +139,7 @@ async fn registry_rewrites_name_and_bumps_generation_only_on_change() {
         "nvidia.com/gpu"
     );
     assert_eq!(stored.nodes["n1"]["nvidia"].devices.len(), 3);
-    assert_eq!(s.index.read().unwrap().profile("n1").unwrap().count, 3);
+    assert_eq!(s.index.read().profile("n1").unwrap().count, 3);
 }
 
 #[tokio::test]
@@ -223,21 +226,7 @@ async fn auth_refusals() {
 async fn acks_follow_persistence_and_duplicates_are_recognised() {
     let gate = Arc::new(Semaphore::new(0));
     let s = start(Some(gate.clone())).await;
-    let mut reg = RegistryServiceClient::connect(s.addr.clone())
-        .await
-        .unwrap();
-    reg.report_plugin(with_token(plugin("n1", 2, true), Some("t-n1")))
-        .await
-        .unwrap();
-    let mut tel = TelemetryServiceClient::connect(s.addr.clone())
-        .await
-        .unwrap();
-    let (tx, rx) = mpsc::channel(8);
-    let mut acks = tel
-        .report_runs(with_token(ReceiverStream::new(rx), Some("t-n1")))
-        .await
-        .unwrap()
-        .into_inner();
+    let (tx, mut acks) = stream_n1(&s).await;
     tx.send(report("a", "n1", pb::RunState::Completed, "resnet50"))
         .await
         .unwrap();
@@ -283,7 +272,116 @@ async fn acks_follow_persistence_and_duplicates_are_recognised() {
     // Three stored; only the classified, completed one reached the model.
     let loaded = s.store.load().await.unwrap();
     assert_eq!(loaded.runs_to_replay.len(), 3);
-    let idx = s.index.read().unwrap();
+    wait_learned(&s.index, 3).await;
+    let idx = s.index.read();
     assert_eq!(idx.applied_seq(), 3);
     assert_eq!(idx.scheduler().state().runs(), 1);
+}
+
+/// Opens a report stream for node n1 (after its plugin registered two devices).
+async fn stream_n1(s: &Server) -> (mpsc::Sender<pb::RunReport>, tonic::Streaming<pb::RunAck>) {
+    let mut reg = RegistryServiceClient::connect(s.addr.clone())
+        .await
+        .unwrap();
+    reg.report_plugin(with_token(plugin("n1", 2, true), Some("t-n1")))
+        .await
+        .unwrap();
+    let mut tel = TelemetryServiceClient::connect(s.addr.clone())
+        .await
+        .unwrap()
+        .max_encoding_message_size(16 << 20);
+    let (tx, rx) = mpsc::channel(8);
+    let acks = tel
+        .report_runs(with_token(ReceiverStream::new(rx), Some("t-n1")))
+        .await
+        .unwrap()
+        .into_inner();
+    (tx, acks)
+}
+
+/// A run of 10^9 seconds was accepted and reviewed Good: it is rejected, said why, and counted.
+#[tokio::test]
+async fn implausible_run_times_are_rejected_and_counted() {
+    let s = start(None).await;
+    let (tx, mut acks) = stream_n1(&s).await;
+    let mut long = report("long", "n1", pb::RunState::Completed, "resnet50");
+    long.start_unix_ms = 1_000_000_000_000;
+    long.end_unix_ms = long.start_unix_ms + 1_000_000_000 * 1000;
+    let mut busy = report("busy", "n1", pb::RunState::Completed, "resnet50");
+    busy.gpu_busy_seconds = 1e9;
+    tx.send(long).await.unwrap();
+    tx.send(busy).await.unwrap();
+    for _ in 0..2 {
+        let ack = acks.message().await.unwrap().unwrap();
+        assert_eq!(ack.status, pb::AckStatus::Rejected as i32, "{ack:?}");
+        assert!(
+            ack.message.contains("plausible") || ack.message.contains("exceeds"),
+            "{}",
+            ack.message
+        );
+    }
+    assert!(
+        s.metrics.encode().unwrap().contains(
+            "kudos_orchestrator_run_report_rejections_total{reason=\"implausible_time\"} 2"
+        )
+    );
+    assert!(s.store.load().await.unwrap().runs_to_replay.is_empty());
+}
+
+/// A 900 KB device model and 100 KB class names went into state: refused on entry, naming the
+/// field and the bound.
+#[tokio::test]
+async fn oversized_names_are_refused_on_entry() {
+    let s = start(None).await;
+    let mut reg = RegistryServiceClient::connect(s.addr.clone())
+        .await
+        .unwrap();
+    let mut p = plugin("n1", 1, true);
+    p.devices[0].model = "M".repeat(900_000);
+    let e = reg
+        .report_plugin(with_token(p, Some("t-n1")))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().contains("device model") && e.message().contains("128"),
+        "{e}"
+    );
+    assert!(s.index.read().plugin_config().nodes.is_empty());
+
+    let (tx, mut acks) = stream_n1(&s).await;
+    tx.send(report(
+        "c",
+        "n1",
+        pb::RunState::Completed,
+        &"c".repeat(100_000),
+    ))
+    .await
+    .unwrap();
+    let ack = acks.message().await.unwrap().unwrap();
+    assert_eq!(ack.status, pb::AckStatus::Rejected as i32);
+    assert!(
+        ack.message.contains("class") && ack.message.contains("63"),
+        "{}",
+        ack.message
+    );
+}
+
+/// A report over 1 MiB ended the stream with OK and no ack: now the stream ends with a status
+/// that names the bound, so the agent knows the report was not taken.
+#[tokio::test]
+async fn an_oversized_report_ends_the_stream_with_a_clear_status() {
+    let s = start(None).await;
+    let (tx, mut acks) = stream_n1(&s).await;
+    tx.send(report("ok", "n1", pb::RunState::Completed, "resnet50"))
+        .await
+        .unwrap();
+    let ack = acks.message().await.unwrap().unwrap();
+    assert_eq!(ack.status, pb::AckStatus::Accepted as i32);
+    let mut big = report("big", "n1", pb::RunState::Completed, "resnet50");
+    big.run_id = "r".repeat(2 << 20);
+    tx.send(big).await.unwrap();
+    let e = acks.message().await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    assert!(e.message().contains("1048576"), "{e}");
 }

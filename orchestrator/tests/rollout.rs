@@ -35,13 +35,15 @@ const REPO: &str = "127.0.0.1:1/kudos/device-plugin-derived";
 
 fn ingest(index: SharedIndex, store: Arc<dyn Store>) -> Arc<Ingest> {
     let (_, draining) = tokio::sync::watch::channel(false);
+    let metrics = Arc::new(Metrics::new());
     Arc::new(Ingest {
+        runs: run_writer(store.clone(), index.clone(), metrics.clone()),
         index,
         store,
         auth: Arc::new(StaticAuthenticator::new(
             [("t-n1".to_owned(), "n1".to_owned())].into(),
         )),
-        metrics: Arc::new(Metrics::new()),
+        metrics,
         unified: UNIFIED.into(),
         heartbeat_max_age: 120.0,
         lock: tokio::sync::Mutex::new(()),
@@ -97,7 +99,7 @@ async fn recorder_persists_images_and_an_identical_generation_does_not_rederive(
         .into_inner();
     assert_eq!(r.generation, 1);
 
-    let view = index.read().unwrap().plugin_config().clone();
+    let view = index.read().plugin_config().clone();
     let (group, image) = derived(&view);
     assert_eq!(group, "nvidia");
     let d = deriver();
@@ -114,7 +116,7 @@ async fn recorder_persists_images_and_an_identical_generation_does_not_rederive(
     let loaded = store.load().await.unwrap().plugin_config;
     assert_eq!(loaded.generation, 2);
     assert_eq!(loaded.images["nvidia"].digest, image.digest);
-    assert_eq!(*index.read().unwrap().plugin_config(), loaded);
+    assert_eq!(*index.read().plugin_config(), loaded);
     assert_eq!(published.borrow_and_update().generation, 2);
 
     // The same images again, or an image of a group not in the configuration: no write.
@@ -156,7 +158,7 @@ async fn recorder_persists_images_and_an_identical_generation_does_not_rederive(
     grpc.report_plugin(with_token(plugin("n1", 3, true), Some("t-n1")))
         .await
         .unwrap();
-    let changed = index.read().unwrap().plugin_config().clone();
+    let changed = index.read().plugin_config().clone();
     assert_eq!(changed.generation, 3);
     assert!(
         d.needs_derivation(&changed, &changed.groups().unwrap()[0])
@@ -197,7 +199,7 @@ async fn state_shows_monitor_output_and_filter_rejects_excluded_nodes() {
     let model = "NVIDIA H100 80GB HBM3";
     let index = mk_index(&[("gpu-a", "nvidia", model, 4), ("gpu-b", "nvidia", model, 4)]);
     {
-        let mut i = index.write().unwrap();
+        let mut i = index.write();
         i.apply_node(kobj::node_info(&node("gpu-a", true, 4), UNIFIED));
         i.apply_node(kobj::node_info(&node("gpu-b", true, 4), UNIFIED));
         // Only gpu-a's agent sends heartbeats; the index alone does not hold that against
@@ -226,7 +228,7 @@ async fn state_shows_monitor_output_and_filter_rejects_excluded_nodes() {
     let (_, s) = call(app.clone(), "GET", "/state", Value::Null).await;
     assert_eq!(s["nodeMonitor"], Value::Null, "no monitoring pass yet");
 
-    let view = index.read().unwrap().plugin_config().clone();
+    let view = index.read().plugin_config().clone();
     let monitoring = NodeMonitoring {
         settings: RolloutSettings::default(),
         policy: MonitorPolicy::default(),
@@ -308,7 +310,7 @@ async fn a_failed_push_leaves_the_configuration_unchanged() {
     };
     assert_eq!(metrics.image_pushes.get_or_create(&failed).get(), 1);
     assert_eq!(store.load().await.unwrap().plugin_config, before);
-    assert_eq!(*index.read().unwrap().plugin_config(), before);
+    assert_eq!(*index.read().plugin_config(), before);
     assert!(before.images.is_empty());
 }
 

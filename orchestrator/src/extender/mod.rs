@@ -30,6 +30,7 @@ use bind::Binder;
 use kudos_scheduler_core::{GangSpec, PodSpec, Ranking};
 use ledger::{Ledger, Reservation};
 use serde::Serialize;
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use types::{
@@ -37,6 +38,8 @@ use types::{
 };
 
 const MAX_EXPLAINED: usize = 4096;
+/// Unknown nodes kept per explained ranking (the count is kept in full).
+const MAX_EXPLAINED_UNKNOWN: usize = 100;
 
 type FastSet<T> =
     std::collections::HashSet<T, std::hash::BuildHasherDefault<crate::fasthash::FxHasher>>;
@@ -57,8 +60,11 @@ pub struct Explained {
     /// The gang reservation in force, if the pod belongs to a gang.
     pub gang_reservation: Option<Reservation>,
     /// Nodes Kudos could not rank (no known accelerators, or excluded by node monitoring),
-    /// with reasons; the filter answers them in `FailedAndUnresolvableNodes`.
+    /// with reasons; the filter answers them in `FailedAndUnresolvableNodes`. At most the
+    /// first 100 are kept here.
     pub unknown_nodes: Vec<(String, String)>,
+    /// How many nodes Kudos could not rank.
+    pub unknown_nodes_total: usize,
 }
 
 /// Rankings by `namespace/name`, and the keys in insertion order for eviction.
@@ -132,6 +138,8 @@ struct Evaluation {
     gang_node: Option<String>,
     /// Why a gang could not be placed.
     gang_error: Option<String>,
+    /// Every node Kudos could not rank, with its reason.
+    unknown: Vec<crate::index::Unknown>,
 }
 
 /// Current Unix time in seconds.
@@ -158,15 +166,65 @@ fn pod_spec(f: &PodFacts) -> PodSpec {
     }
 }
 
-/// Candidate names in request order: `NodeNames` moved out of the request (no copy), or else
-/// the names of `Nodes`.
-fn candidate_names(args: &mut ExtenderArgs) -> Vec<String> {
+/// Checks the sizes of an extender request before any work proportional to it: the number
+/// of candidate nodes and the length of every name, and the pod's identifying strings (they
+/// key the explain cache and the ledger).
+fn check_request(args: &ExtenderArgs, facts: &PodFacts) -> Result<(), String> {
+    use crate::limits::{
+        MAX_LABEL_VALUE_LEN, MAX_NODE_NAMES, MAX_OBJECT_NAME_LEN, MAX_REPORT_ID_LEN, check_len,
+    };
+    let (field, names): (&str, Vec<&str>) = match (&args.node_names, &args.nodes) {
+        (Some(n), _) => ("NodeNames", n.iter().map(|n| n.as_ref()).collect()),
+        (None, Some(l)) => (
+            "Nodes.items",
+            l.items
+                .iter()
+                .map(|n| n.metadata.name.as_deref().unwrap_or(""))
+                .collect(),
+        ),
+        (None, None) => ("NodeNames", Vec::new()),
+    };
+    if names.len() > MAX_NODE_NAMES {
+        return Err(format!(
+            "{field} has {} nodes; at most {MAX_NODE_NAMES} are accepted per call",
+            names.len()
+        ));
+    }
+    if let Some((i, n)) = names
+        .iter()
+        .enumerate()
+        .find(|(_, n)| n.len() > MAX_OBJECT_NAME_LEN)
+    {
+        return Err(format!(
+            "{field}[{i}] is {} bytes; node names are at most {MAX_OBJECT_NAME_LEN}",
+            n.len()
+        ));
+    }
+    check_len(
+        "Pod.metadata.namespace",
+        &facts.namespace,
+        MAX_LABEL_VALUE_LEN,
+    )?;
+    check_len("Pod.metadata.name", &facts.name, MAX_OBJECT_NAME_LEN)?;
+    check_len("Pod.metadata.uid", &facts.uid, MAX_REPORT_ID_LEN)?;
+    if let Some(c) = &facts.class {
+        check_len(crate::kobj::LABEL_CLASS, c, MAX_LABEL_VALUE_LEN)?;
+    }
+    if let Some((g, _)) = &facts.gang {
+        check_len(crate::kobj::ANN_GANG_NAME, g, MAX_OBJECT_NAME_LEN)?;
+    }
+    Ok(())
+}
+
+/// Candidate names in request order: `NodeNames` moved out of the request (borrowed from the
+/// body, no copy), or else the names of `Nodes`.
+fn candidate_names<'a>(args: &mut ExtenderArgs<'a>) -> Vec<Cow<'a, str>> {
     match (args.node_names.take(), &args.nodes) {
         (Some(names), _) => names,
         (None, Some(list)) => list
             .items
             .iter()
-            .filter_map(|n| n.metadata.name.clone())
+            .filter_map(|n| n.metadata.name.clone().map(Cow::Owned))
             .collect(),
         (None, None) => Vec::new(),
     }
@@ -174,16 +232,11 @@ fn candidate_names(args: &mut ExtenderArgs) -> Vec<String> {
 
 impl Extender {
     fn generations(&self) -> (u64, u64) {
-        let i = self
-            .index
-            .read()
-            .map(|i| i.generation())
-            .unwrap_or(u64::MAX);
-        (i, self.ledger.generation())
+        (self.index.read().generation(), self.ledger.generation())
     }
 
     /// The filter ranking of this pod, if prioritize may reuse it for `names`.
-    fn reusable(&self, facts: &PodFacts, names: &[String]) -> Option<Arc<Explained>> {
+    fn reusable(&self, facts: &PodFacts, names: &[Cow<str>]) -> Option<Arc<Explained>> {
         if facts.uid.is_empty() || facts.gang.is_some() {
             return None;
         }
@@ -196,7 +249,7 @@ impl Extender {
         let entries = &c.explained.ranking.entries;
         let same_nodes = fresh && names.len() == entries.len() && {
             let passed: FastSet<&str> = entries.iter().map(|e| e.node.as_str()).collect();
-            names.iter().all(|n| passed.contains(n.as_str()))
+            names.iter().all(|n| passed.contains(n.as_ref()))
         };
         same_nodes.then(|| c.explained.clone())
     }
@@ -206,7 +259,7 @@ impl Extender {
         verb: &'static str,
         args: &ExtenderArgs,
         facts: &PodFacts,
-        names: &[String],
+        names: &[Cow<str>],
     ) -> Evaluation {
         let now = unix_now();
         let from_request: HashMap<String, NodeInfo> = args
@@ -233,7 +286,7 @@ impl Extender {
             .map(|(g, _)| format!("{}/{g}", facts.namespace));
         self.ledger
             .saw(&facts.uid, facts.requests, gang_key.clone(), now);
-        let index = self.index.read().unwrap_or_else(|e| e.into_inner());
+        let index = self.index.read();
         let assumed = self
             .ledger
             .assumed_by_node(|uid| index.knows_bound_pod(uid), now);
@@ -245,7 +298,7 @@ impl Extender {
         let (states, mut unknown) = index.node_states(
             names
                 .iter()
-                .map(String::as_str)
+                .map(|n| n.as_ref())
                 .filter(|n| seen.insert(*n))
                 .filter(|n| match index.exclusion(n) {
                     Some(reason) => {
@@ -259,13 +312,17 @@ impl Extender {
             now,
         );
         unknown.append(&mut excluded);
-        let ranking = index.scheduler().rank(&spec, &states, now, seed);
+        // Rank on the published model with the lock released: writers (watches, the learner's
+        // pointer swap) never wait for a ranking.
+        let model = index.model();
+        drop(index);
+        let unknown_nodes_total = unknown.len();
+        let ranking = model.rank(&spec, &states, now, seed);
         let (mut gang_node, mut gang_error, mut reservation) = (None, None, None);
         if let Some(key) = &gang_key {
             let live = match self.ledger.reservation(key, now) {
                 Some(r) => Ok(r),
-                None => index
-                    .scheduler()
+                None => model
                     .place_gang(&spec, &states, now, seed)
                     .map(|p| self.ledger.reserve(key, p)),
             };
@@ -296,14 +353,18 @@ impl Extender {
                 Err(e) => gang_error = Some(format!("gang {key} cannot be placed now: {e}")),
             }
         }
-        drop(index);
         let explained = Arc::new(Explained {
             verb,
             computed_at: now,
             seed,
             ranking,
             gang_reservation: reservation,
-            unknown_nodes: unknown,
+            unknown_nodes: unknown
+                .iter()
+                .take(MAX_EXPLAINED_UNKNOWN)
+                .cloned()
+                .collect(),
+            unknown_nodes_total,
         });
         self.explain.put(
             format!("{}/{}", facts.namespace, facts.name),
@@ -313,22 +374,26 @@ impl Extender {
             explained,
             gang_node,
             gang_error,
+            unknown,
         }
     }
 
     /// `POST <prefix>/filter`.
-    pub fn filter(&self, mut args: ExtenderArgs) -> ExtenderFilterResult {
+    pub fn filter<'a>(&self, mut args: ExtenderArgs<'a>) -> ExtenderFilterResult<'a> {
         let Some(pod) = args.pod.as_ref() else {
             return ExtenderFilterResult {
                 error: "request has no Pod".into(),
                 ..Default::default()
             };
         };
-        let facts = match kobj::pod_facts(pod, &self.unified) {
+        let facts = match kobj::pod_facts(pod, &self.unified)
+            .map_err(|e| e.to_string())
+            .and_then(|f| check_request(&args, &f).map(|()| f))
+        {
             Ok(f) => f,
-            Err(e) => {
+            Err(error) => {
                 return ExtenderFilterResult {
-                    error: e.to_string(),
+                    error,
                     ..Default::default()
                 };
             }
@@ -361,10 +426,8 @@ impl Extender {
             .map(|r| (r.node.clone(), r.reason.clone()))
             .collect();
         let unresolvable: std::collections::BTreeMap<String, String> = ev
-            .explained
-            .unknown_nodes
-            .iter()
-            .cloned()
+            .unknown
+            .into_iter()
             .chain(
                 permanent
                     .into_iter()
@@ -398,11 +461,11 @@ impl Extender {
             });
         }
         for n in &names {
-            if !passed.contains(n.as_str())
-                && !failed.contains_key(n)
-                && !unresolvable.contains_key(n)
+            if !passed.contains(n.as_ref())
+                && !failed.contains_key(n.as_ref())
+                && !unresolvable.contains_key(n.as_ref())
             {
-                failed.insert(n.clone(), "not ranked by Kudos".into());
+                failed.insert(n.to_string(), "not ranked by Kudos".into());
             }
         }
         tracing::debug!(passed = passed.len(), failed = failed.len(), "filtered");
@@ -434,9 +497,13 @@ impl Extender {
     }
 
     /// `POST <prefix>/prioritize`. Errors are only for requests without a pod.
-    pub fn prioritize(&self, mut args: ExtenderArgs) -> Result<Vec<HostPriority>, String> {
+    pub fn prioritize<'a>(
+        &self,
+        mut args: ExtenderArgs<'a>,
+    ) -> Result<Vec<HostPriority<'a>>, String> {
         let pod = args.pod.as_ref().ok_or("request has no Pod")?;
         let facts = kobj::pod_facts(pod, &self.unified).map_err(|e| e.to_string())?;
+        check_request(&args, &facts)?;
         let names = candidate_names(&mut args);
         if facts.requests.gpus == 0 {
             return Ok(names
@@ -465,9 +532,9 @@ impl Extender {
         Ok(names
             .into_iter()
             .map(|host| {
-                let base = i64::from(scores.get(host.as_str()).copied().unwrap_or(0).min(10));
+                let base = i64::from(scores.get(host.as_ref()).copied().unwrap_or(0).min(10));
                 let score = match &gang_node {
-                    Some(slot) if *slot == host => 10,
+                    Some(slot) if slot.as_str() == host.as_ref() => 10,
                     Some(_) => 0,
                     None => base,
                 };

@@ -3,35 +3,71 @@
 //! The Go structs have no JSON tags, so keys are the Go field names (PascalCase); nested
 //! Kubernetes objects use their own camelCase JSON (k8s-openapi types). Every field may be
 //! `null` or absent, so every input field is an `Option` with a default.
+//!
+//! Node names are borrowed from the request body (`Cow::Borrowed` unless the JSON escaped
+//! something) and handed back in the answer without a copy: at 5,000 nodes that is 5,000
+//! allocations fewer each way per call.
 
 use k8s_openapi::List;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 /// `ExtenderArgs`: the filter and prioritize request.
 #[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(rename_all = "PascalCase")]
-pub struct ExtenderArgs {
+pub struct ExtenderArgs<'a> {
     /// The pod being scheduled.
     #[serde(default)]
     pub pod: Option<Pod>,
     /// Candidate nodes in full (`nodeCacheCapable: false`).
     #[serde(default)]
     pub nodes: Option<List<Node>>,
-    /// Candidate node names (`nodeCacheCapable: true`).
-    #[serde(default)]
-    pub node_names: Option<Vec<String>>,
+    /// Candidate node names (`nodeCacheCapable: true`), borrowed from the body.
+    #[serde(default, borrow, deserialize_with = "borrowed_names")]
+    pub node_names: Option<Vec<Cow<'a, str>>>,
+}
+
+/// A JSON string borrowed from the input when it has no escapes, else owned.
+struct Name<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Name<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Cow<'de, str>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a node name")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Cow::Borrowed(v))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Cow::Owned(v.to_owned()))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Cow::Owned(v))
+            }
+        }
+        d.deserialize_str(V).map(Name)
+    }
+}
+
+fn borrowed_names<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Cow<'de, str>>>, D::Error> {
+    let names = Option::<Vec<Name<'de>>>::deserialize(d)?;
+    Ok(names.map(|v| v.into_iter().map(|n| n.0).collect()))
 }
 
 /// `ExtenderFilterResult`.
 #[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(rename_all = "PascalCase")]
-pub struct ExtenderFilterResult {
+pub struct ExtenderFilterResult<'a> {
     /// Nodes that passed (when the request used `Nodes`).
     pub nodes: Option<List<Node>>,
     /// Names that passed (when the request used `NodeNames`).
-    pub node_names: Option<Vec<String>>,
+    #[serde(borrow, deserialize_with = "borrowed_names")]
+    pub node_names: Option<Vec<Cow<'a, str>>>,
     /// Rejected nodes and why; kube-scheduler may retry them (preemption can help).
     #[serde(default)]
     pub failed_nodes: BTreeMap<String, String>,
@@ -46,9 +82,10 @@ pub struct ExtenderFilterResult {
 /// One `HostPriority`; the prioritize answer is a bare array of these.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "PascalCase")]
-pub struct HostPriority {
-    /// Node name.
-    pub host: String,
+pub struct HostPriority<'a> {
+    /// Node name (borrowed from the request).
+    #[serde(borrow)]
+    pub host: Cow<'a, str>,
     /// 0..=10 (`MaxExtenderPriority`).
     pub score: i64,
 }
@@ -77,4 +114,21 @@ pub struct ExtenderBindingResult {
     /// Empty on success.
     #[serde(default)]
     pub error: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Names are borrowed from the body; an escaped one is decoded into an owned copy.
+    #[test]
+    fn node_names_are_borrowed_from_the_body() {
+        let body = br#"{"Pod": null, "NodeNames": ["node-1", "node\u002d2"]}"#;
+        let args: ExtenderArgs = serde_json::from_slice(body).unwrap();
+        let names = args.node_names.unwrap();
+        assert!(matches!(&names[0], Cow::Borrowed("node-1")));
+        assert!(matches!(&names[1], Cow::Owned(n) if n == "node-2"));
+        let absent: ExtenderArgs = serde_json::from_slice(br#"{"NodeNames": null}"#).unwrap();
+        assert!(absent.node_names.is_none());
+    }
 }

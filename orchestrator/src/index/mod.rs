@@ -7,10 +7,15 @@
 //!  Telemetry  ─┘          └───────────┘  └─> model snapshots               read
 //! ```
 //!
-//! Watchers and ingestion (registry, heartbeats, accepted runs) are the only writers; every
+//! Watchers and ingestion (registry, heartbeats) and the learner are the only writers; every
 //! server handler takes a read lock, copies what it needs into `NodeState`s and lets go. No
 //! handler reaches the API server from here, so the extender answers from memory in
-//! microseconds.
+//! microseconds. The lock is a `parking_lot::RwLock`: it cannot be poisoned (see
+//! [`crate::health`] for what watches it instead).
+//!
+//! The model is published, not edited in place: the index holds an `Arc<Scheduler>` that the
+//! learner ([`crate::learn`]) replaces, after refitting on its own copy off every lock, with
+//! one pointer swap under the write lock.
 //!
 //! Free devices are allocatable minus what bound pods request, from a Pod watch: it is the
 //! only source that also sees pods bound by other schedulers, pods that ended, and everything
@@ -24,17 +29,24 @@ use kudos_scheduler_core::{
     DeviceProfile, Feedback, ModelState, NodeHealth, NodeState, RunObservation, Scheduler,
     SchedulerConfig,
 };
+use parking_lot::RwLock;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
-/// The index behind a lock: writers are the watchers and ingestion, everyone else reads.
+/// The index behind a lock: writers are the watchers, ingestion and the learner; everyone
+/// else reads.
 pub type SharedIndex = Arc<RwLock<Index>>;
 
 /// CPU/memory assumed for a node known only from a plugin report (no `Node` object): large,
 /// so Kudos does not reject it; kube-scheduler's own resource fit has the real numbers.
 const UNKNOWN_CPU_MILLI: u64 = 1 << 40;
 const UNKNOWN_MEMORY_BYTES: u64 = 1 << 60;
+
+/// Why a candidate cannot be ranked when Kudos knows no accelerators on it: no
+/// kudos-device-plugin report and no `kudos.dev/gpu-vendor` label.
+pub const UNKNOWN_NODE_REASON: &str =
+    "Kudos knows no accelerators here (no device plugin report, no kudos.dev/gpu-vendor label)";
 
 /// Last heartbeat of a node agent.
 #[derive(Clone, Debug, Serialize)]
@@ -64,7 +76,8 @@ pub struct Index {
     profiles: FastMap<String, ProfileRecord>,
     device_health: FastMap<String, BTreeMap<String, (u32, u32)>>,
     heartbeats: FastMap<String, HeartbeatInfo>,
-    scheduler: Scheduler,
+    /// The published model; replaced whole by [`Index::publish_model`].
+    scheduler: Arc<Scheduler>,
     applied_seq: u64,
     nodes_synced: bool,
     pods_synced: bool,
@@ -135,7 +148,7 @@ impl Index {
             profiles: FastMap::default(),
             device_health: FastMap::default(),
             heartbeats: FastMap::default(),
-            scheduler,
+            scheduler: Arc::new(scheduler),
             applied_seq: 0,
             nodes_synced: !cluster,
             pods_synced: !cluster,
@@ -255,37 +268,23 @@ impl Index {
         self.heartbeats.insert(node.to_owned(), hb);
     }
 
-    /// Feeds an accepted, stored run to the model, in `seq` order. Returns the feedback when
-    /// the run was observed; unobservable runs only advance `applied_seq`.
+    /// Feeds an accepted, stored run to the model, in `seq` order (at start, before the index
+    /// is shared; live runs go through [`crate::learn`]). Returns the feedback when the run was
+    /// observed; unobservable runs only advance `applied_seq`.
     pub fn apply_run(&mut self, run: &StoredRun) -> Result<Option<Feedback>, String> {
         self.generation += 1;
         self.applied_seq = self.applied_seq.max(run.seq);
-        let (true, Some(p)) = (run.observable(), run.profile.as_ref()) else {
-            return Ok(None);
-        };
-        let obs = RunObservation {
-            node: run.node.clone(),
-            class: run.class.clone(),
-            profile: to_profile(p),
-            gpus: run.device_ids.len().max(1) as u32,
-            start: run.start,
-            end: run.end,
-            completed: run.outcome == RunOutcome::Completed,
-            progress: run.progress,
-            gpu_busy_seconds: (run.gpu_busy_seconds > 0.0).then_some(run.gpu_busy_seconds),
-            work_units: run.work_done,
-        };
-        // One observation per run: its snapshots (same run ID) replace each other.
-        let fb = if run.run_id.is_empty() {
-            self.scheduler.observe(&obs, run.received_at)
-        } else {
-            self.scheduler
-                .observe_run(&run.run_id, &obs, run.received_at)
+        let fb = apply_run(Arc::make_mut(&mut self.scheduler), run)?;
+        if let Some(fb) = &fb {
+            self.keep_third_queue(&run.class, run.received_at, fb);
         }
-        .map_err(|e| e.to_string())?;
-        if self.third_queues.len() >= MAX_THIRD_QUEUES
-            && !self.third_queues.contains_key(&run.class)
-        {
+        Ok(fb)
+    }
+
+    /// Keeps `fb`'s third queue as `class`'s latest, dropping the oldest class's beyond
+    /// [`MAX_THIRD_QUEUES`].
+    pub fn keep_third_queue(&mut self, class: &str, observed_at: f64, fb: &Feedback) {
+        if self.third_queues.len() >= MAX_THIRD_QUEUES && !self.third_queues.contains_key(class) {
             let oldest = self
                 .third_queues
                 .iter()
@@ -294,11 +293,23 @@ impl Index {
             oldest.map(|c| self.third_queues.remove(&c));
         }
         let queue = ThirdQueue {
-            observed_at: run.received_at,
+            observed_at,
             nodes: fb.third_queue.clone(),
         };
-        self.third_queues.insert(run.class.clone(), queue);
-        Ok(Some(fb))
+        self.third_queues.insert(class.to_owned(), queue);
+    }
+
+    /// Replaces the model with one that includes every run up to `applied_seq`: a pointer
+    /// swap, so the write lock is held for nanoseconds however large the model is.
+    pub fn publish_model(&mut self, model: Arc<Scheduler>, applied_seq: u64) {
+        self.generation += 1;
+        self.scheduler = model;
+        self.applied_seq = self.applied_seq.max(applied_seq);
+    }
+
+    /// The published model, to rank with after the lock is released or to copy for learning.
+    pub fn model(&self) -> Arc<Scheduler> {
+        self.scheduler.clone()
     }
 
     /// Stores a node-monitoring pass. The ranking generation moves only when the set of
@@ -427,14 +438,8 @@ impl Index {
                 .get(name)
                 .or_else(|| info.and_then(|i| i.label_profile.as_ref()))
             else {
-                unknown.push((
-                    name.to_owned(),
-                    format!(
-                        "Kudos knows no accelerators on this node: no kudos-device-plugin report and no {} label; \
-                         check that the device plugin runs there",
-                        kudos_api::labels::GPU_VENDOR
-                    ),
-                ));
+                // Short: the filter answers this once per unknown candidate.
+                unknown.push((name.to_owned(), UNKNOWN_NODE_REASON.to_owned()));
                 continue;
             };
             let mut used = self.used.get(name).copied().unwrap_or_default();
@@ -521,7 +526,7 @@ impl Index {
                     .classes()
                     .map(str::to_owned)
                     .collect(),
-                state: self.scheduler.state().clone(),
+                state: PublishedModel(self.scheduler.clone()),
             },
             ready: self.ready(),
             node_monitor: self.monitor.clone(),
@@ -555,6 +560,34 @@ fn pod_key(pod: &PodFacts) -> String {
     } else {
         pod.uid.clone()
     }
+}
+
+/// Feeds one stored run to `scheduler`; `Ok(None)` when the run is not observable (failed,
+/// unclassified, or no device profile).
+pub fn apply_run(scheduler: &mut Scheduler, run: &StoredRun) -> Result<Option<Feedback>, String> {
+    let (true, Some(p)) = (run.observable(), run.profile.as_ref()) else {
+        return Ok(None);
+    };
+    let obs = RunObservation {
+        node: run.node.clone(),
+        class: run.class.clone(),
+        profile: to_profile(p),
+        gpus: run.device_ids.len().max(1) as u32,
+        start: run.start,
+        end: run.end,
+        completed: run.outcome == RunOutcome::Completed,
+        progress: run.progress,
+        gpu_busy_seconds: (run.gpu_busy_seconds > 0.0).then_some(run.gpu_busy_seconds),
+        work_units: run.work_done,
+    };
+    // One observation per run: its snapshots (same run ID) replace each other.
+    let fb = if run.run_id.is_empty() {
+        scheduler.observe(&obs, run.received_at)
+    } else {
+        scheduler.observe_run(&run.run_id, &obs, run.received_at)
+    }
+    .map_err(|e| e.to_string())?;
+    Ok(Some(fb))
 }
 
 /// Converts a persisted profile to scheduler-core's.
@@ -609,7 +642,16 @@ pub struct ModelSummary {
     /// Classes with history.
     pub classes: Vec<String>,
     /// The full model state.
-    pub state: ModelState,
+    pub state: PublishedModel,
+}
+
+/// A published model, serialised as its state; shared, not copied, by `GET /state`.
+pub struct PublishedModel(pub Arc<Scheduler>);
+
+impl Serialize for PublishedModel {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.state().serialize(s)
+    }
 }
 
 #[cfg(test)]

@@ -92,12 +92,7 @@ pub async fn record_images(
     images: &BTreeMap<String, DerivedImage>,
 ) -> Result<Option<u64>, RecordError> {
     let _g = ingest.lock.lock().await;
-    let mut cfg = ingest
-        .index
-        .read()
-        .map_err(|_| "index lock poisoned")?
-        .plugin_config()
-        .clone();
+    let mut cfg = ingest.index.read().plugin_config().clone();
     let groups: BTreeSet<String> = cfg.groups()?.into_iter().map(|g| g.name).collect();
     let before = cfg.images.clone();
     for (group, image) in images {
@@ -114,11 +109,7 @@ pub async fn record_images(
     cfg.generation += 1;
     let generation = cfg.generation;
     ingest.store.save_plugin_config(cfg.clone()).await?;
-    ingest
-        .index
-        .write()
-        .map_err(|_| "index lock poisoned")?
-        .set_plugin_config(cfg.clone());
+    ingest.index.write().set_plugin_config(cfg.clone());
     ingest.plugin_updates.send_replace(cfg);
     ingest.metrics.plugin_generation.set(generation as i64);
     tracing::info!(
@@ -157,10 +148,7 @@ impl NodeMonitoring {
         daemonsets: &[DaemonSet],
         now: SystemTime,
     ) -> Result<usize, kudos_rollout::PluginConfigError> {
-        let obs = match index.read() {
-            Ok(i) => i.monitor_observations(),
-            Err(_) => return Ok(0),
-        };
+        let obs = index.read().monitor_observations();
         let nodes = kudos_rollout::monitor(
             view,
             &self.settings,
@@ -178,13 +166,11 @@ impl NodeMonitoring {
         let computed_at = now
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
-        if let Ok(mut i) = index.write() {
-            i.set_monitor(MonitorView {
-                computed_at,
-                rollout_source: self.rollout_source,
-                nodes,
-            });
-        }
+        index.write().set_monitor(MonitorView {
+            computed_at,
+            rollout_source: self.rollout_source,
+            nodes,
+        });
         Ok(excluded)
     }
 }

@@ -10,7 +10,8 @@ use kudos_orchestrator::index::{HeartbeatInfo, Index, SharedIndex};
 use kudos_orchestrator::metrics::Metrics;
 use kudos_orchestrator::state::{DeviceRecord, PluginConfig, VendorEntry};
 use kudos_scheduler_core::{Scheduler, SchedulerConfig};
-use std::sync::{Arc, RwLock};
+use parking_lot::RwLock;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub const UNIFIED: &str = "kudos.dev/gpu";
@@ -54,7 +55,7 @@ pub fn standard_index() -> SharedIndex {
         ("gpu-c", "nvidia", "Tesla V100-SXM2-16GB", 2),
         ("gpu-stale", "nvidia", "NVIDIA A100-SXM4-80GB", 4),
     ]);
-    index.write().unwrap().heartbeat(
+    index.write().heartbeat(
         "gpu-stale",
         HeartbeatInfo {
             at: 1.0,
@@ -67,6 +68,18 @@ pub fn standard_index() -> SharedIndex {
     index
 }
 
+/// The run writer and learner of an ingestion fixture (needs a tokio runtime).
+pub fn run_writer(
+    store: Arc<dyn kudos_orchestrator::store::Store>,
+    index: SharedIndex,
+    metrics: Arc<Metrics>,
+) -> kudos_orchestrator::learn::RunWriter {
+    kudos_orchestrator::learn::RunWriter::spawn(
+        store,
+        kudos_orchestrator::learn::Learner::spawn(index, metrics, None),
+    )
+}
+
 pub fn limits() -> HttpLimits {
     HttpLimits {
         prefix: "/kudos/v1".into(),
@@ -77,21 +90,22 @@ pub fn limits() -> HttpLimits {
     }
 }
 
+pub fn mk_extender(index: SharedIndex, metrics: Arc<Metrics>) -> Extender {
+    Extender {
+        index,
+        ledger: Ledger::new(false),
+        explain: ExplainCache::default(),
+        binder: Arc::new(LocalBinder),
+        metrics,
+        unified: UNIFIED.into(),
+        last_filter: Default::default(),
+    }
+}
+
 pub fn mk_state(index: SharedIndex) -> Arc<HttpState> {
     let metrics = Arc::new(Metrics::new());
-    Arc::new(HttpState {
-        extender: Extender {
-            index: index.clone(),
-            ledger: Ledger::new(false),
-            explain: ExplainCache::default(),
-            binder: Arc::new(LocalBinder),
-            metrics: metrics.clone(),
-            unified: UNIFIED.into(),
-            last_filter: Default::default(),
-        },
-        index,
-        metrics,
-    })
+    let extender = mk_extender(index.clone(), metrics.clone());
+    Arc::new(HttpState::new(extender, index, metrics))
 }
 
 pub fn mk_app(index: SharedIndex) -> axum::Router {
@@ -187,4 +201,16 @@ pub async fn call(
     let v = serde_json::from_slice(&bytes)
         .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&bytes).into()));
     (status, v)
+}
+
+/// Waits until the learner has published a model that includes run `seq` (learning is
+/// asynchronous; the guard turns a hang into a failure).
+pub async fn wait_learned(index: &SharedIndex, seq: u64) {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while index.read().applied_seq() < seq {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the learner published the run");
 }

@@ -1,0 +1,205 @@
+//! From an accepted run report to the published model, off the extender's path.
+//!
+//! ```text
+//!  report streams ──(run, reply)──> RunWriter ──(stored runs, in seq order)──> Learner
+//!                    <── ack ───── one store commit per batch      refit a copy, swap it in
+//! ```
+//!
+//! - [`RunWriter`]: one task appends the runs waiting from every stream in one store commit
+//!   (one fsync for many reports), answers each stream once its run is durable, and hands the
+//!   stored runs to the learner in `seq` order.
+//! - [`Learner`]: one task owns a working copy of the model. It learns a batch of runs on a
+//!   blocking thread (scheduler-core refits on every observation), copies the result and
+//!   publishes it with [`crate::index::Index::publish_model`], a pointer swap. No lock is held
+//!   while it learns, so `filter`/`prioritize` keep answering from the previous model, and
+//!   the work per report on the ingestion path is one channel send.
+//!
+//! An acknowledgement promises durability, not learning: a run stored but not yet learned when
+//! the process stops is above the last snapshot's `seq`, so it is replayed at the next start.
+
+use crate::index::{SharedIndex, apply_run};
+use crate::metrics::Metrics;
+use crate::state::StoredRun;
+use crate::store::{Appended, Store, StoreError};
+use kudos_scheduler_core::{Feedback, Scheduler};
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument;
+
+/// Runs stored or learned in one batch at most.
+pub const MAX_BATCH: usize = 256;
+/// Stored runs waiting for the learner; beyond this the writer waits (bounded memory).
+const LEARN_QUEUE: usize = 4096;
+
+type Reply = oneshot::Sender<Result<(Appended, StoredRun), Arc<StoreError>>>;
+
+/// Appends runs in batches; see the module docs.
+#[derive(Clone)]
+pub struct RunWriter {
+    tx: mpsc::Sender<(StoredRun, Reply)>,
+}
+
+/// Why a run could not be appended.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// The store refused the batch the run was in.
+    #[error(transparent)]
+    Store(Arc<StoreError>),
+    /// The writer task ended (shutdown).
+    #[error("the run writer has stopped")]
+    Stopped,
+}
+
+impl RunWriter {
+    /// Starts the writer and the learner over `index`.
+    pub fn spawn(store: Arc<dyn Store>, learner: Learner) -> Self {
+        let (tx, rx) = mpsc::channel(MAX_BATCH * 4);
+        tokio::spawn(write_loop(store, rx, learner).instrument(tracing::info_span!("run_writer")));
+        Self { tx }
+    }
+
+    /// Stores `run` (its `seq` is assigned here) and returns the outcome once it is durable.
+    pub async fn append(&self, run: StoredRun) -> Result<(Appended, StoredRun), WriteError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send((run, reply))
+            .await
+            .map_err(|_| WriteError::Stopped)?;
+        rx.await
+            .map_err(|_| WriteError::Stopped)?
+            .map_err(WriteError::Store)
+    }
+}
+
+async fn write_loop(
+    store: Arc<dyn Store>,
+    mut rx: mpsc::Receiver<(StoredRun, Reply)>,
+    learner: Learner,
+) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        let (runs, replies): (Vec<StoredRun>, Vec<Reply>) = batch.drain(..).unzip();
+        match store.append_runs(runs.clone()).await {
+            Ok(outcomes) => {
+                for ((run, reply), outcome) in runs.into_iter().zip(replies).zip(outcomes) {
+                    let run = match outcome {
+                        Appended::Stored(seq) => StoredRun { seq, ..run },
+                        Appended::Duplicate => run,
+                    };
+                    if let Appended::Stored(_) = outcome {
+                        learner.learn(run.clone()).await;
+                    }
+                    let _ = reply.send(Ok((outcome, run)));
+                }
+            }
+            Err(e) => {
+                let e = Arc::new(e);
+                for reply in replies {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// Called on the learner's thread after a batch is learned on the copy and before it is
+/// published (for tests that need a refit to be in progress).
+pub type LearnHook = Arc<dyn Fn() + Send + Sync>;
+
+/// Feeds stored runs to the learner task; see the module docs.
+#[derive(Clone)]
+pub struct Learner {
+    tx: mpsc::Sender<StoredRun>,
+}
+
+impl Learner {
+    /// Starts the learner with a working copy of the index's model.
+    pub fn spawn(index: SharedIndex, metrics: Arc<Metrics>, hook: Option<LearnHook>) -> Self {
+        let (tx, rx) = mpsc::channel(LEARN_QUEUE);
+        let working = Scheduler::clone(&index.read().model());
+        tokio::spawn(
+            learn_loop(index, rx, working, metrics, hook)
+                .instrument(tracing::info_span!("learner")),
+        );
+        Self { tx }
+    }
+
+    /// Queues a stored run, in `seq` order; waits while the queue is full.
+    pub async fn learn(&self, run: StoredRun) {
+        if self.tx.send(run).await.is_err() {
+            tracing::warn!("the learner has stopped; the run is learned at the next start");
+        }
+    }
+}
+
+async fn learn_loop(
+    index: SharedIndex,
+    mut rx: mpsc::Receiver<StoredRun>,
+    mut working: Scheduler,
+    metrics: Arc<Metrics>,
+    hook: Option<LearnHook>,
+) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        let runs = std::mem::take(&mut batch);
+        let hook = hook.clone();
+        let metrics2 = metrics.clone();
+        let learned = tokio::task::spawn_blocking(move || {
+            let start = std::time::Instant::now();
+            let seq = runs.iter().map(|r| r.seq).max().unwrap_or(0);
+            // Each class's latest third queue in this batch, published with the model.
+            let mut third: Vec<(String, f64, Feedback)> = Vec::new();
+            for run in &runs {
+                let fb = apply_run(&mut working, run);
+                if let Ok(Some(fb)) = &fb {
+                    metrics2
+                        .feedback_rescored_nodes
+                        .inc_by(fb.third_queue.len() as u64);
+                    third.retain(|(c, _, _)| *c != run.class);
+                    third.push((run.class.clone(), run.received_at, fb.clone()));
+                }
+                log_feedback(run, fb);
+            }
+            if let Some(h) = &hook {
+                h();
+            }
+            let published = Arc::new(working.clone());
+            metrics2.learned_runs.inc_by(runs.len() as u64);
+            metrics2
+                .learn_batch_duration
+                .observe(start.elapsed().as_secs_f64());
+            (working, published, seq, third)
+        })
+        .await;
+        match learned {
+            Ok((w, published, seq, third)) => {
+                working = w;
+                let mut index = index.write();
+                index.publish_model(published, seq);
+                for (class, at, fb) in &third {
+                    index.keep_third_queue(class, *at, fb);
+                }
+            }
+            Err(e) => {
+                // A panic in the model: the copy is lost, the published model is intact.
+                tracing::error!(error = %e, "learning a batch failed; restarting from the published model");
+                working = Scheduler::clone(&index.read().model());
+            }
+        }
+    }
+}
+
+fn log_feedback(run: &StoredRun, fb: Result<Option<Feedback>, String>) {
+    let pod = format!("{}/{}", run.pod_namespace, run.pod_name);
+    match fb {
+        Ok(Some(fb)) => {
+            tracing::info!(node = %run.node, class = %run.class, pod = %pod, actual_seconds = fb.actual_seconds, review = ?fb.review, "run observed")
+        }
+        Ok(None) => {
+            tracing::info!(node = %run.node, class = %run.class, pod = %pod, outcome = ?run.outcome, "run stored, not observed (failed, unclassified or no device profile)")
+        }
+        Err(e) => {
+            tracing::warn!(node = %run.node, class = %run.class, pod = %pod, error = %e, "run stored, model refused it")
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! The index lock and the probes: a panic under the lock does not wedge the process, and a
+//! writer that never lets go turns `/healthz` and `/readyz` to 503 so the pod is restarted;
+//! learning runs off the lock, so the extender answers while a refit is in progress.
+
+mod common;
+
+use axum::http::StatusCode;
+use common::*;
+use kudos_orchestrator::health::IndexWatchdog;
+use kudos_orchestrator::http::{HttpState, router};
+use kudos_orchestrator::learn::{LearnHook, Learner};
+use kudos_orchestrator::metrics::Metrics;
+use kudos_orchestrator::state::{RunOutcome, StoredRun};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+#[tokio::test]
+async fn a_stuck_index_fails_the_probes_and_a_panic_does_not_poison_it() {
+    let index = standard_index();
+    let metrics = Arc::new(Metrics::new());
+    let watchdog = Arc::new(IndexWatchdog::new(Duration::from_millis(50)));
+    let state = Arc::new(HttpState {
+        watchdog: watchdog.clone(),
+        ..HttpState::new(
+            mk_extender(index.clone(), metrics.clone()),
+            index.clone(),
+            metrics,
+        )
+    });
+    let app = router(state, &limits());
+
+    // A panic while holding the write lock: the lock is released, not poisoned.
+    let i2 = index.clone();
+    let panicked = std::thread::spawn(move || {
+        let _g = i2.write();
+        panic!("a bug under the index lock");
+    })
+    .join();
+    assert!(panicked.is_err());
+    assert!(watchdog.probe(&index));
+    assert_eq!(
+        call(app.clone(), "GET", "/readyz", vec![]).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(app.clone(), "GET", "/healthz", vec![]).await.0,
+        StatusCode::OK
+    );
+
+    // A writer that never lets go: the probe fails, and so do liveness and readiness.
+    let (held_tx, held_rx) = mpsc::channel::<()>();
+    let (free_tx, free_rx) = mpsc::channel::<()>();
+    let i4 = index.clone();
+    let holder = std::thread::spawn(move || {
+        let _g = i4.write();
+        held_tx.send(()).unwrap();
+        let _ = free_rx.recv();
+    });
+    held_rx.recv().unwrap();
+    let (w, i3) = (watchdog.clone(), index.clone());
+    let probed = tokio::task::spawn_blocking(move || w.probe(&i3))
+        .await
+        .unwrap();
+    assert!(!probed);
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while watchdog.stalled_for().is_none() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap();
+    let (s, v) = call(app.clone(), "GET", "/healthz", vec![]).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("has not answered"),
+        "{v}"
+    );
+    assert_eq!(
+        call(app.clone(), "GET", "/readyz", vec![]).await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    free_tx.send(()).unwrap();
+    holder.join().unwrap();
+    assert!(watchdog.probe(&index));
+    assert_eq!(call(app, "GET", "/healthz", vec![]).await.0, StatusCode::OK);
+}
+
+fn stored_run(
+    seq: u64,
+    node: &str,
+    profile: Option<kudos_orchestrator::state::ProfileRecord>,
+) -> StoredRun {
+    StoredRun {
+        seq,
+        report_id: format!("r{seq}"),
+        run_id: format!("r{seq}"),
+        node: node.into(),
+        pod_namespace: "default".into(),
+        pod_name: format!("p{seq}"),
+        class: "resnet50".into(),
+        device_ids: vec!["d0".into()],
+        outcome: RunOutcome::Completed,
+        start: 1_700_000_000.0,
+        end: 1_700_000_600.0,
+        gpu_busy_seconds: 550.0,
+        progress: None,
+        work_done: None,
+        profile,
+        received_at: 1_700_000_601.0,
+    }
+}
+
+/// The learner refits a copy with no lock held: while it is stopped inside a refit, the
+/// extender answers from the previous model and the index can even be written.
+#[tokio::test]
+async fn the_extender_answers_while_a_refit_is_in_progress() {
+    let index = standard_index();
+    let app = mk_app(index.clone());
+    let (entered_tx, entered_rx) = mpsc::channel::<()>();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let (entered_tx, release_rx) = (Mutex::new(entered_tx), Mutex::new(release_rx));
+    let hook: LearnHook = Arc::new(move || {
+        let _ = entered_tx.lock().unwrap().send(());
+        let _ = release_rx.lock().unwrap().recv();
+    });
+    let learner = Learner::spawn(index.clone(), Arc::new(Metrics::new()), Some(hook));
+    let profile = index.read().profile("gpu-a");
+    learner.learn(stored_run(1, "gpu-a", profile)).await;
+    tokio::task::spawn_blocking(move || entered_rx.recv().unwrap())
+        .await
+        .unwrap();
+
+    // The refit is in progress (the hook has not returned).
+    assert!(
+        index.try_write().is_some(),
+        "the learner holds no index lock"
+    );
+    let body = serde_json::to_vec(&serde_json::json!({
+        "Pod": pod_json("p", Some("resnet50"), 1),
+        "NodeNames": ["gpu-a", "gpu-b"],
+    }))
+    .unwrap();
+    let (s, v) = call(app.clone(), "POST", "/kudos/v1/prioritize", body).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v.as_array().unwrap().len(), 2);
+    assert_eq!(
+        index.read().applied_seq(),
+        0,
+        "the old model is still published"
+    );
+
+    release_tx.send(()).unwrap();
+    wait_learned(&index, 1).await;
+    assert_eq!(index.read().scheduler().state().runs(), 1);
+}
