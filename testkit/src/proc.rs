@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// A running child process. Dropping it stops it (SIGTERM, SIGKILL after the stop timeout).
@@ -83,13 +83,21 @@ impl Proc {
         }
     }
 
-    /// SIGTERM, wait up to the stop timeout, then SIGKILL. Idempotent.
-    pub fn stop(&mut self) {
-        let Some(mut c) = self.child.take() else {
-            return;
-        };
-        if matches!(c.try_wait(), Ok(Some(_))) {
-            return;
+    /// SIGKILL now (to the process, a crash) and reap it. Idempotent.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, wait up to the stop timeout, then SIGKILL. Idempotent. Returns how the process
+    /// ended when it exited by itself or on SIGTERM; `None` when it had to be killed or was
+    /// stopped before.
+    pub fn stop(&mut self) -> Option<ExitStatus> {
+        let mut c = self.child.take()?;
+        if let Ok(Some(st)) = c.try_wait() {
+            return Some(st);
         }
         let _ = Command::new("kill")
             .args(["-TERM", &c.id().to_string()])
@@ -98,13 +106,14 @@ impl Proc {
             .status();
         let deadline = Instant::now() + self.stop_timeout;
         while Instant::now() < deadline {
-            if matches!(c.try_wait(), Ok(Some(_))) {
-                return;
+            if let Ok(Some(st)) = c.try_wait() {
+                return Some(st);
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         let _ = c.kill();
         let _ = c.wait();
+        None
     }
 }
 

@@ -5,7 +5,7 @@ use crate::http;
 use crate::paths::kudos_bin;
 use crate::proc::{Proc, free_port, tail, wait_for};
 use anyhow::{Context, Result};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -24,6 +24,32 @@ pub fn node_token(node: &str) -> String {
     format!("e2e-token-{node}")
 }
 
+/// How to start the orchestrator (see [`Orchestrator::start_with`]).
+#[derive(Debug, Clone)]
+pub struct OrchestratorOptions {
+    /// The binary: `kudos_bin("kudos-orchestrator")` by default; the orchestrator's own tests
+    /// pass `env!("CARGO_BIN_EXE_kudos-orchestrator")`.
+    pub bin: PathBuf,
+    /// Kubeconfig, or `None` for `--standalone`.
+    pub kubeconfig: Option<PathBuf>,
+    /// Nodes given static gRPC tokens ([`node_token`], `--auth=static`); `None` keeps the
+    /// default authentication, TokenReview against the cluster.
+    pub static_token_nodes: Option<Vec<String>>,
+    /// Flags appended last (`--config=...`, `--store=config-map`, `--log-level=...`).
+    pub extra: Vec<String>,
+}
+
+impl Default for OrchestratorOptions {
+    fn default() -> Self {
+        Self {
+            bin: kudos_bin("kudos-orchestrator"),
+            kubeconfig: None,
+            static_token_nodes: Some(Vec::new()),
+            extra: Vec::new(),
+        }
+    }
+}
+
 impl Orchestrator {
     /// Starts the orchestrator with `kubeconfig` (or `--standalone` when `None`), storing its
     /// state and log under `dir`; `nodes` get static gRPC tokens ([`node_token`]). `extra`
@@ -34,25 +60,42 @@ impl Orchestrator {
         nodes: &[String],
         extra: &[String],
     ) -> Result<Self> {
+        let opts = OrchestratorOptions {
+            kubeconfig: kubeconfig.map(Path::to_path_buf),
+            static_token_nodes: Some(nodes.to_vec()),
+            extra: extra.to_vec(),
+            ..OrchestratorOptions::default()
+        };
+        Self::start_with(dir, &opts).await
+    }
+
+    /// Starts the orchestrator as `opts` says, on free loopback ports, with its file store and
+    /// log (`kudos-orchestrator.log`, appended across restarts) under `dir`. Waits for
+    /// `/readyz`.
+    pub async fn start_with(dir: &Path, opts: &OrchestratorOptions) -> Result<Self> {
         let (hp, gp) = (free_port(), free_port());
-        let tokens = dir.join("orchestrator-tokens.yaml");
-        let mut t = String::new();
-        for n in nodes {
-            t.push_str(&format!("{}: {n}\n", node_token(n)));
-        }
-        if t.is_empty() {
-            t.push_str("{}\n");
-        }
-        std::fs::write(&tokens, t)?;
-        let mut cmd = Command::new(kudos_bin("kudos-orchestrator"));
+        let mut cmd = Command::new(&opts.bin);
         cmd.args([
             format!("--http-listen=127.0.0.1:{hp}"),
             format!("--grpc-listen=127.0.0.1:{gp}"),
             format!("--store-path={}", dir.join("orchestrator.redb").display()),
-            "--auth=static".into(),
-            format!("--static-tokens-file={}", tokens.display()),
         ]);
-        match kubeconfig {
+        if let Some(nodes) = &opts.static_token_nodes {
+            let tokens = dir.join("orchestrator-tokens.yaml");
+            let mut t = String::new();
+            for n in nodes {
+                t.push_str(&format!("{}: {n}\n", node_token(n)));
+            }
+            if t.is_empty() {
+                t.push_str("{}\n");
+            }
+            std::fs::write(&tokens, t)?;
+            cmd.args([
+                "--auth=static".into(),
+                format!("--static-tokens-file={}", tokens.display()),
+            ]);
+        }
+        match &opts.kubeconfig {
             Some(k) => {
                 cmd.arg(format!("--kubeconfig={}", k.display()));
             }
@@ -60,9 +103,9 @@ impl Orchestrator {
                 cmd.arg("--standalone");
             }
         }
-        cmd.args(extra);
+        cmd.args(&opts.extra);
         cmd.env(
-            "RUST_LOG",
+            "KUDOS_LOG",
             std::env::var("KUDOS_E2E_RUST_LOG").unwrap_or_else(|_| "info".into()),
         );
         let log = dir.join("kudos-orchestrator.log");
@@ -114,8 +157,18 @@ impl Orchestrator {
         self.proc.check_running()
     }
 
-    /// Stops it (SIGTERM, then SIGKILL).
-    pub fn stop(&mut self) {
-        self.proc.stop();
+    /// Its log file.
+    pub fn log(&self) -> &Path {
+        self.proc.log()
+    }
+
+    /// SIGKILL (a crash, as far as it can tell).
+    pub fn kill(&mut self) {
+        self.proc.kill();
+    }
+
+    /// Stops it (SIGTERM, then SIGKILL); how it exited when it did so by itself.
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        self.proc.stop()
     }
 }

@@ -1,7 +1,7 @@
 //! etcd + kube-apiserver + kube-scheduler on 127.0.0.1 with generated certificates and a
 //! static token, plus a [`kube::Client`] for the test.
 
-use crate::paths::{RunDir, upstream_bin};
+use crate::paths::{RunDir, system_bin, upstream_bin};
 use crate::proc::{Proc, free_port, tail, wait_for};
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
@@ -109,6 +109,22 @@ pub struct ControlPlaneOptions {
     pub scheduler_qps: Option<u32>,
     /// Extra kube-apiserver flags.
     pub apiserver_args: Vec<String>,
+}
+
+impl ControlPlaneOptions {
+    /// What [`ControlPlane::start`] runs with these options (etcd, kube-apiserver, openssl, and
+    /// kube-scheduler when asked), for [`crate::require_bins`].
+    pub fn bins(&self) -> Vec<PathBuf> {
+        let mut bins = vec![
+            upstream_bin("etcd"),
+            upstream_bin("kube-apiserver"),
+            system_bin("openssl"),
+        ];
+        if self.scheduler {
+            bins.push(upstream_bin("kube-scheduler"));
+        }
+        bins
+    }
 }
 
 /// A running control plane. Dropping it stops scheduler, apiserver, etcd in that order.
