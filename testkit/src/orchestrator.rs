@@ -3,8 +3,8 @@
 
 use crate::http;
 use crate::paths::kudos_bin;
-use crate::proc::{Proc, free_port, tail, wait_for};
-use anyhow::{Context, Result};
+use crate::proc::{Proc, free_port};
+use anyhow::Result;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -111,29 +111,18 @@ impl Orchestrator {
         let log = dir.join("kudos-orchestrator.log");
         let mut proc = Proc::spawn("kudos-orchestrator", cmd, &log)?;
         let http_addr = format!("127.0.0.1:{hp}");
-        let ready = wait_for(
-            "kudos-orchestrator /readyz",
-            Duration::from_secs(60),
-            Duration::from_millis(200),
-            || {
-                let a = http_addr.clone();
-                async move {
-                    http::request("GET", &a, "/readyz", None)
-                        .ok()
-                        .filter(|r| r.status == 200)
-                        .map(|_| ())
-                }
-            },
-        )
-        .await;
-        if let Err(e) = ready {
-            proc.check_running()?;
-            return Err(e).with_context(|| format!("orchestrator log:\n{}", tail(&log, 30)));
-        }
+        let grpc_addr = format!("127.0.0.1:{gp}");
+        // `/readyz` can answer before the gRPC server listens: wait for both.
+        proc.wait_ready("/readyz and gRPC", Duration::from_secs(60), async || {
+            let r = http::request("GET", &http_addr, "/readyz", None).ok()?;
+            std::net::TcpStream::connect(&grpc_addr).ok()?;
+            (r.status == 200).then_some(())
+        })
+        .await?;
         Ok(Self {
             proc,
             http_addr,
-            grpc_addr: format!("127.0.0.1:{gp}"),
+            grpc_addr,
         })
     }
 

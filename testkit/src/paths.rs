@@ -107,6 +107,15 @@ impl RunDir {
         })
     }
 
+    /// For a test: [`require_bins`], then a fresh run directory named `test`; `None` when a
+    /// binary is missing (the test returns, having printed `SKIP:`).
+    pub fn for_test(test: &str, bins: &[PathBuf]) -> std::io::Result<Option<Self>> {
+        if !require_bins(test, bins) {
+            return Ok(None);
+        }
+        Self::new(test).map(Some)
+    }
+
     /// Marks the run successful: the directory is removed on drop (unless `KUDOS_E2E_KEEP=1`).
     pub fn pass(&self) {
         self.passed.set(true);

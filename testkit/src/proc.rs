@@ -72,6 +72,32 @@ impl Proc {
         Ok(())
     }
 
+    /// Polls `ready` every 50 ms until it returns `Some` (the process is up). Fails as soon as
+    /// the process exits, or after `timeout`, with the log's tail.
+    pub async fn wait_ready<T>(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        mut ready: impl AsyncFnMut() -> Option<T>,
+    ) -> Result<T> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(v) = ready().await {
+                return Ok(v);
+            }
+            self.check_running()?;
+            if Instant::now() > deadline {
+                anyhow::bail!(
+                    "{}: timed out after {timeout:?} waiting for {what}; log {}:\n{}",
+                    self.name,
+                    self.log.display(),
+                    tail(&self.log, 30)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Sends a signal by PID (via `kill(1)`).
     pub fn signal(&self, sig: &str) {
         if let Some(c) = &self.child {
@@ -137,16 +163,13 @@ pub fn free_port() -> u16 {
 }
 
 /// Polls `f` every `every` until it returns `Some`, or fails after `timeout` with `what`.
-pub async fn wait_for<T, F, Fut>(
+/// `f` is an async closure (`async || ...`, which may borrow), or a closure returning a future.
+pub async fn wait_for<T>(
     what: &str,
     timeout: Duration,
     every: Duration,
-    mut f: F,
-) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
+    mut f: impl AsyncFnMut() -> Option<T>,
+) -> Result<T> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = f().await {

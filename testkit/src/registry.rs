@@ -2,7 +2,7 @@
 //! into it, and `skopeo` to read images back the way a container runtime would.
 
 use crate::paths::system_bin;
-use crate::proc::{Proc, tail, wait_for};
+use crate::proc::Proc;
 use anyhow::{Context, Result, bail};
 use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
 use oci_client::secrets::RegistryAuth;
@@ -43,20 +43,10 @@ impl Registry {
         let log = dir.join("docker-registry.log");
         let mut proc = Proc::spawn("docker-registry", cmd, &log)?;
         let addr = format!("127.0.0.1:{port}");
-        let up = wait_for(
-            "docker-registry accepting connections",
-            Duration::from_secs(20),
-            Duration::from_millis(50),
-            || {
-                let a = addr.clone();
-                async move { std::net::TcpStream::connect(a).ok().map(|_| ()) }
-            },
-        )
-        .await;
-        if let Err(e) = up {
-            proc.check_running()?;
-            return Err(e).with_context(|| format!("docker-registry log:\n{}", tail(&log, 30)));
-        }
+        proc.wait_ready("connections", Duration::from_secs(20), async || {
+            std::net::TcpStream::connect(&addr).ok().map(|_| ())
+        })
+        .await?;
         Ok(Self { proc, addr })
     }
 

@@ -38,16 +38,20 @@ async fn register(p: &Orchestrator) {
         .unwrap();
 }
 
-/// Sends `reports` on one stream; returns the acks received before `stop_after` of them (then
-/// leaves the stream open for the caller to kill the server).
-async fn send(p: &Orchestrator, reports: &[pb::RunReport], stop_after: usize) -> Vec<pb::RunAck> {
+/// Puts `reports` on the wire on one ReportRuns stream, as node `n1`'s agent; the stream of
+/// acknowledgements.
+async fn open(p: &Orchestrator, reports: &[pb::RunReport]) -> tonic::Streaming<pb::RunAck> {
     let mut tel = TelemetryServiceClient::connect(grpc(p)).await.unwrap();
     let stream = tokio_stream::iter(reports.to_vec());
-    let mut acks = tel
-        .report_runs(with_token(stream, Some(&node_token("n1"))))
+    tel.report_runs(with_token(stream, Some(&node_token("n1"))))
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+}
+
+/// Sends `reports` on one stream; returns the acks received, at most `stop_after`.
+async fn send(p: &Orchestrator, reports: &[pb::RunReport], stop_after: usize) -> Vec<pb::RunAck> {
+    let mut acks = open(p, reports).await;
     let mut got = Vec::new();
     while got.len() < stop_after {
         match acks.message().await {
@@ -81,13 +85,7 @@ async fn sigkill_between_receive_and_ack_loses_nothing_and_counts_once() {
     let all = reports(40);
     // All 40 go on the wire; SIGKILL after the third ack, with the stream open and the rest
     // being received and stored.
-    let mut tel = TelemetryServiceClient::connect(grpc(&p)).await.unwrap();
-    let stream = tokio_stream::iter(all.clone());
-    let mut acks = tel
-        .report_runs(with_token(stream, Some(&node_token("n1"))))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut acks = open(&p, &all).await;
     let mut before = Vec::new();
     while before.len() < 3 {
         before.push(acks.message().await.unwrap().unwrap());

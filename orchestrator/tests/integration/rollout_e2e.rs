@@ -13,9 +13,9 @@ use kube::api::{Api, PostParams};
 use kudos_proto::kudos::v1::registry_service_client::RegistryServiceClient;
 use kudos_rollout::render::affinity_nodes;
 use kudos_testkit::orchestrator::{Orchestrator, OrchestratorOptions, node_token};
-use kudos_testkit::proc::{free_port, wait_for};
+use kudos_testkit::proc::{free_port, tail, wait_for};
 use kudos_testkit::registry::{self, Registry};
-use kudos_testkit::{ControlPlane, ControlPlaneOptions, RunDir, http, require_bins};
+use kudos_testkit::{ControlPlane, ControlPlaneOptions, RunDir, http};
 use std::time::Duration;
 
 /// The binary under test with `kubeconfig` (or standalone), a static token for `node`.
@@ -33,25 +33,15 @@ fn options(
 }
 
 /// Waits up to two minutes, polling every 250 ms (a bounded wait, not a timing assertion).
-async fn eventually<T, F, Fut>(what: &str, orch: &Orchestrator, f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    match wait_for(
+async fn eventually<T>(what: &str, orch: &Orchestrator, f: impl AsyncFnMut() -> Option<T>) -> T {
+    let waited = wait_for(
         what,
         Duration::from_secs(120),
         Duration::from_millis(250),
         f,
     )
-    .await
-    {
-        Ok(v) => v,
-        Err(e) => panic!(
-            "{e}; orchestrator log:\n{}",
-            kudos_testkit::proc::tail(orch.log(), 40)
-        ),
-    }
+    .await;
+    waited.unwrap_or_else(|e| panic!("{e}; orchestrator log:\n{}", tail(orch.log(), 40)))
 }
 
 fn get_text(addr: &str, path: &str) -> Option<String> {
@@ -67,12 +57,10 @@ fn metric(text: &str, sample: &str) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugin_report_leads_to_derived_image_and_applied_daemonset() -> anyhow::Result<()> {
     let opts = ControlPlaneOptions::default();
-    let mut bins = opts.bins();
-    bins.extend(registry::bins());
-    if !require_bins("orchestrator rollout", &bins) {
+    let bins = [opts.bins(), registry::bins()].concat();
+    let Some(run) = RunDir::for_test("orchestrator-rollout", &bins)? else {
         return Ok(());
-    }
-    let run = RunDir::new("orchestrator-rollout")?;
+    };
     let reg = Registry::start(run.path(), free_port()).await?;
     let registry = reg.addr.clone();
     let cp = ControlPlane::start(&run, opts).await?;
@@ -114,29 +102,16 @@ async fn plugin_report_leads_to_derived_image_and_applied_daemonset() -> anyhow:
 
     // A DaemonSet appears on the API server, pinned to the node, running the image by digest.
     let dss: Api<DaemonSet> = Api::namespaced(client.clone(), "kudos-system");
-    let ds = eventually("an applied DaemonSet", &orch, || {
-        let dss = dss.clone();
-        async move {
-            dss.get_opt("kudos-device-plugin-nvidia")
-                .await
-                .ok()
-                .flatten()
-        }
+    let ds = eventually("an applied DaemonSet", &orch, async || {
+        dss.get_opt("kudos-device-plugin-nvidia").await.ok()?
     })
     .await;
     assert_eq!(affinity_nodes(&ds), ["gpu-node-1"]);
-    let image = ds
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .spec
-        .as_ref()
-        .unwrap()
-        .containers[0]
+    let template = ds.spec.as_ref().and_then(|s| s.template.spec.as_ref());
+    let image = template.expect("a pod template").containers[0]
         .image
         .clone()
-        .unwrap();
+        .unwrap_or_default();
     let prefix = format!("{registry}/kudos/device-plugin-derived@sha256:");
     assert!(image.starts_with(&prefix), "{image}");
     let digest = image.rsplit_once('@').unwrap().1.to_owned();
@@ -157,9 +132,9 @@ async fn plugin_report_leads_to_derived_image_and_applied_daemonset() -> anyhow:
     assert_eq!(cfg["images"]["nvidia"]["generation"], 1);
     assert_eq!(cfg["generation"], 2);
     // Node monitoring saw the configured node (no Node object in this cluster).
-    let state = eventually("a monitoring pass", &orch, || {
-        let s = http::get_json(&http, "/state").ok();
-        async move { s.filter(|s| s["nodeMonitor"]["nodes"][0].is_object()) }
+    let state = eventually("a monitoring pass", &orch, async || {
+        let s = http::get_json(&http, "/state").ok()?;
+        s["nodeMonitor"]["nodes"][0].is_object().then_some(s)
     })
     .await;
     let mon = &state["nodeMonitor"]["nodes"][0];
@@ -171,9 +146,9 @@ async fn plugin_report_leads_to_derived_image_and_applied_daemonset() -> anyhow:
         "kudos_orchestrator_rollout_daemonset_applies_total{group=\"nvidia\",outcome=\"Success\"}";
     let pushes =
         "kudos_orchestrator_rollout_image_pushes_total{group=\"nvidia\",outcome=\"Success\"}";
-    let text = eventually("a second apply", &orch, || {
-        let text = get_text(&http, "/metrics").filter(|t| metric(t, applies) >= Some(2.0));
-        async move { text }
+    let text = eventually("a second apply", &orch, async || {
+        let text = get_text(&http, "/metrics")?;
+        (metric(&text, applies)? >= 2.0).then_some(text)
     })
     .await;
     assert_eq!(metric(&text, pushes), Some(1.0), "{text}");
@@ -202,12 +177,10 @@ async fn standalone_dry_run_prints_the_plan_to_stdout() -> anyhow::Result<()> {
         .await?;
     // Stdout and stderr share the log; a line that starts with the plan (log lines start with
     // a time stamp) is what went to stdout.
-    eventually("the dry-run plan on stdout", &orch, || {
-        let log = std::fs::read_to_string(orch.log()).unwrap_or_default();
-        let found = log
-            .lines()
-            .any(|l| l.starts_with("# group nvidia: no derived image yet"));
-        async move { found.then_some(()) }
+    eventually("the dry-run plan on stdout", &orch, async || {
+        let log = std::fs::read_to_string(orch.log()).ok()?;
+        let plan = "# group nvidia: no derived image yet";
+        log.lines().any(|l| l.starts_with(plan)).then_some(())
     })
     .await;
     run.pass();

@@ -14,7 +14,7 @@ use kudos_rollout::render::{OWNED_SELECTOR, affinity_nodes};
 use kudos_rollout::{
     CredentialSource, DerivedImage, PluginConfigView, RolloutMetrics, RolloutSettings, apply,
 };
-use kudos_testkit::{ControlPlane, ControlPlaneOptions, RunDir, require_bins};
+use kudos_testkit::{ControlPlane, ControlPlaneOptions, RunDir};
 use oci_client::secrets::RegistryAuth;
 
 use crate::util::Recorder;
@@ -72,10 +72,9 @@ fn view() -> PluginConfigView {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_side_apply_is_accepted_idempotent_and_prunes() -> anyhow::Result<()> {
     let opts = ControlPlaneOptions::default();
-    if !require_bins("rollout apiserver", &opts.bins()) {
+    let Some(run) = RunDir::for_test("rollout-apiserver", &opts.bins())? else {
         return Ok(());
-    }
-    let run = RunDir::new("rollout-apiserver")?;
+    };
     let cp = ControlPlane::start(&run, opts).await?;
     let client = cp.client.clone();
     let settings = RolloutSettings::default();

@@ -13,9 +13,9 @@ use kudos_rollout::{
     DeriveError, ImageDeriver, PlainHttp, PluginConfigView, RegistrySettings, RetryPolicy,
     RolloutMetrics, RolloutSettings,
 };
+use kudos_testkit::RunDir;
 use kudos_testkit::proc::free_port;
 use kudos_testkit::registry::{self, Registry, inspect, skopeo};
-use kudos_testkit::{RunDir, require_bins};
 use oci_client::client::{ClientConfig, ClientProtocol};
 use serde_json::Value;
 
@@ -58,11 +58,10 @@ fn view() -> PluginConfigView {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn derived_image_reads_back_by_digest_and_is_reproducible() -> anyhow::Result<()> {
-    if !require_bins("rollout registry", &registry::bins()) {
+    let Some(run) = RunDir::for_test("rollout-registry", &registry::bins())? else {
         return Ok(());
-    }
+    };
     kudos_rollout::install_crypto_provider();
-    let run = RunDir::new("rollout-registry")?;
     let reg = Registry::start(run.path(), free_port()).await?;
     let base = reg.push_plugin_base().await?;
     let metrics = RolloutMetrics::default();
@@ -163,14 +162,8 @@ async fn derived_image_reads_back_by_digest_and_is_reproducible() -> anyhow::Res
     later.images.insert("nvidia".into(), again);
     assert!(!deriver.needs_derivation(&later, group).unwrap());
     // A changed device list changes the image.
-    later
-        .nodes
-        .get_mut("n1")
-        .unwrap()
-        .get_mut("nvidia")
-        .unwrap()
-        .devices
-        .clear();
+    let nvidia_on_n1 = later.nodes.get_mut("n1").and_then(|n| n.get_mut("nvidia"));
+    nvidia_on_n1.expect("in the fixture").devices.clear();
     assert!(deriver.needs_derivation(&later, group).unwrap());
     let changed = deriver
         .derive_with_retry(&later, group, None)
@@ -228,9 +221,9 @@ async fn derived_image_reads_back_by_digest_and_is_reproducible() -> anyhow::Res
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registry_down_leaves_configuration_unchanged_and_is_retried() -> anyhow::Result<()> {
-    if !require_bins("rollout registry", &registry::bins()) {
+    let Some(run) = RunDir::for_test("rollout-registry-down", &registry::bins())? else {
         return Ok(());
-    }
+    };
     kudos_rollout::install_crypto_provider();
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
@@ -278,7 +271,6 @@ async fn registry_down_leaves_configuration_unchanged_and_is_retried() -> anyhow
     assert!(recorder.0.lock().unwrap().is_empty());
 
     // The registry comes up; the next attempt succeeds.
-    let run = RunDir::new("rollout-registry-down")?;
     let reg = Registry::start(run.path(), port).await?;
     reg.push_plugin_base().await?;
     let image = deriver.derive_with_retry(&v, group, None).await.unwrap();
