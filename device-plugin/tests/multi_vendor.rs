@@ -184,7 +184,7 @@ async fn metrics_pass_promtool() {
         .expect("req");
     assert_eq!(m.router().oneshot(req).await.expect("serve").status(), 200);
 
-    if let Some(report) = kudos_common::promtool_check_metrics(&text).expect("promtool") {
+    if let Some(report) = kudos_testkit::promtool_check_metrics(&text).expect("promtool") {
         assert!(report.success, "promtool: {}\n{text}", report.output);
     }
 }

@@ -9,12 +9,12 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kudos_node_agent::testing::TestReceiver;
 use kudos_nvml::fake::FakeNvml;
 use kudos_proto::podresources::v1::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
 };
 use kudos_proto::podresources::v1::*;
+use kudos_testkit::telemetry_receiver::TestReceiver;
 
 struct Kubelet(Vec<PodResources>);
 

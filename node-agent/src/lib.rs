@@ -24,7 +24,6 @@ pub mod podmeta;
 pub mod runs;
 pub mod sample;
 pub mod sender;
-pub mod testing;
 
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kudos_node_agent::outbox::Outbox;
-use kudos_node_agent::testing::TestReceiver;
+use kudos_testkit::telemetry_receiver::TestReceiver;
 
 const N: usize = 1000;
 

@@ -414,7 +414,7 @@ async fn metrics_pass_promtool() {
         text.contains("kudos_orchestrator_extender_request_duration_seconds_bucket"),
         "{text}"
     );
-    if let Some(report) = kudos_common::promtool_check_metrics(&text).expect("promtool") {
+    if let Some(report) = kudos_testkit::promtool_check_metrics(&text).expect("promtool") {
         assert!(report.success, "promtool: {}", report.output);
     }
 }

@@ -115,7 +115,7 @@ fn promtool_accepts_the_exposition() {
 }
 
 fn promtool(text: &str) -> Option<(bool, String)> {
-    kudos_common::promtool_check_metrics(text)
+    kudos_testkit::promtool_check_metrics(text)
         .expect("running promtool")
         .map(|r| (r.success, r.output))
 }

@@ -1,6 +1,6 @@
 use super::*;
-use crate::testing::TestReceiver;
 use kudos_proto::kudos::v1::RunState;
+use kudos_testkit::telemetry_receiver::TestReceiver;
 
 fn cfg(url: String, token_file: Option<PathBuf>) -> SenderConfig {
     SenderConfig {

@@ -1,8 +1,8 @@
 //! etcd + kube-apiserver + kube-scheduler on 127.0.0.1 with generated certificates and a
 //! static token, plus a [`kube::Client`] for the test.
 
-use crate::paths::{RunDir, upstream_bin};
-use crate::proc::{Proc, free_port, tail, wait_for};
+use crate::paths::{RunDir, system_bin, upstream_bin};
+use crate::proc::{Proc, free_port, wait_for};
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::api::{Api, PostParams};
@@ -116,6 +116,22 @@ pub struct ControlPlaneOptions {
     pub env: Vec<(String, String)>,
 }
 
+impl ControlPlaneOptions {
+    /// What [`ControlPlane::start`] runs with these options (etcd, kube-apiserver, openssl, and
+    /// kube-scheduler when asked), for [`crate::require_bins`].
+    pub fn bins(&self) -> Vec<PathBuf> {
+        let mut bins = vec![
+            upstream_bin("etcd"),
+            upstream_bin("kube-apiserver"),
+            system_bin("openssl"),
+        ];
+        if self.scheduler {
+            bins.push(upstream_bin("kube-scheduler"));
+        }
+        bins
+    }
+}
+
 /// A running control plane. Dropping it stops scheduler, apiserver, etcd in that order.
 pub struct ControlPlane {
     /// Processes in stop order (scheduler first, etcd last).
@@ -140,7 +156,8 @@ impl std::fmt::Debug for ControlPlane {
     }
 }
 
-pub(crate) fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
+/// Runs `openssl` with `args` in `dir` (certificates for loopback clusters).
+pub fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
     let out = Command::new("openssl")
         .args(args)
         .current_dir(dir)
@@ -218,7 +235,8 @@ fn make_certs(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn write_kubeconfig(path: &Path, server: &str, ca: &Path, token: &str) -> Result<()> {
+/// Writes a kubeconfig for `server` (CA file `ca`) that authenticates with the bearer `token`.
+pub fn write_kubeconfig(path: &Path, server: &str, ca: &Path, token: &str) -> Result<()> {
     let kc = format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: {server}\n    certificate-authority: {}\n\
          users:\n- name: admin\n  user:\n    token: {token}\ncontexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: admin\n    namespace: default\n\
@@ -305,8 +323,8 @@ impl ControlPlane {
             format!("--etcd-servers=http://127.0.0.1:{ec}"),
             "--bind-address=127.0.0.1".into(),
             "--advertise-address=127.0.0.1".into(),
-            // Kubernetes 1.37 refuses a loopback advertise address with the lease endpoint
-            // reconciler; nothing here routes Service IPs anyway (no kube-proxy).
+            // Kubernetes ≥ 1.37 refuses a loopback advertise address with an endpoint
+            // reconciler; nothing here needs the `kubernetes` Service's endpoints.
             "--endpoint-reconciler-type=none".into(),
             format!("--secure-port={port}"),
             format!("--cert-dir={}", dir.join("apiserver-certs").display()),
@@ -354,34 +372,22 @@ impl ControlPlane {
             dir: dir.clone(),
             env: opts.env.clone(),
         };
-        let ready = wait_for(
-            "kube-apiserver /readyz",
-            Duration::from_secs(90),
-            Duration::from_millis(250),
-            || {
-                let client = cp.client.clone();
-                async move {
-                    let req = http_get("/readyz");
-                    client
-                        .request_text(req)
-                        .await
-                        .ok()
-                        .filter(|t| t.trim() == "ok")
-                        .map(|_| ())
-                }
-            },
-        )
-        .await;
+        // Fails as soon as the apiserver exits (a bad flag, a busy port), not after the timeout.
+        let client = cp.client.clone();
+        let apiserver = &mut cp.procs[1]; // after etcd
+        let ready = apiserver
+            .wait_ready("/readyz", Duration::from_secs(90), async || {
+                let text = client.request_text(http_get("/readyz")).await.ok()?;
+                (text.trim() == "ok").then_some(())
+            })
+            .await;
         if let Err(e) = ready {
             for p in &mut cp.procs {
                 if let Err(e) = p.check_running() {
                     eprintln!("{e:#}");
                 }
             }
-            bail!(
-                "{e}; apiserver log tail:\n{}",
-                tail(&dir.join("kube-apiserver.log"), 30)
-            );
+            return Err(e);
         }
         cp.ensure_default_service_account().await?;
 

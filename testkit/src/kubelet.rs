@@ -3,7 +3,7 @@
 
 use crate::http;
 use crate::paths::upstream_bin;
-use crate::proc::{Proc, tail, wait_for};
+use crate::proc::Proc;
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -49,24 +49,11 @@ impl KubeletDm {
                 std::env::var("KUDOS_E2E_KUBELET_V").unwrap_or_else(|_| "2".into())
             ));
         let mut proc = Proc::spawn("kubelet-dm", cmd, log)?;
-        let addr = wait_for(
-            "kubelet-dm address",
-            Duration::from_secs(20),
-            Duration::from_millis(50),
-            || {
-                let f = addr_file.clone();
-                async move { std::fs::read_to_string(f).ok() }
-            },
-        )
-        .await
-        .with_context(|| format!("kubelet-dm log:\n{}", tail(log, 20)));
-        let addr = match addr {
-            Ok(a) => a,
-            Err(e) => {
-                proc.check_running()?;
-                return Err(e);
-            }
-        };
+        let addr = proc
+            .wait_ready("its address file", Duration::from_secs(20), async || {
+                std::fs::read_to_string(&addr_file).ok()
+            })
+            .await?;
         Ok(Self {
             proc,
             addr,

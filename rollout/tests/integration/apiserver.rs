@@ -1,12 +1,9 @@
 //! Server-side apply of the rendered DaemonSets against a real kube-apiserver (and etcd)
-//! built by `e2e/build` into `e2e/_out/bin`. Skips with a message when they are absent
-//! (panics instead with `KUDOS_E2E_REQUIRE=1`).
+//! built by `e2e/build` into `e2e/_out/bin`, started by `kudos-testkit`. Skips with a message
+//! when they are absent (panics instead with `KUDOS_E2E_REQUIRE=1`).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
@@ -19,134 +16,10 @@ use kudos_rollout::{
     apply,
 };
 use kudos_rollout::{DeviceRecord, VendorEntry};
+use kudos_testkit::{ControlPlane, ControlPlaneOptions, RunDir};
 use oci_client::secrets::RegistryAuth;
 
-const TOKEN: &str = "kudos-rollout-test-token";
-
-struct Procs(Vec<Child>, tempfile::TempDir);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        while let Some(mut c) = self.0.pop() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn bin(name: &str) -> PathBuf {
-    let dir = std::env::var_os("KUDOS_E2E_BIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../e2e/_out/bin"));
-    dir.join(name)
-}
-
-fn bins_present() -> bool {
-    let missing: Vec<_> = ["etcd", "kube-apiserver"]
-        .iter()
-        .map(|b| bin(b))
-        .filter(|p| !p.is_file())
-        .collect();
-    if missing.is_empty() {
-        return true;
-    }
-    let msg = format!("SKIP: missing {missing:?} (run e2e/build)");
-    if std::env::var("KUDOS_E2E_REQUIRE").as_deref() == Ok("1") {
-        panic!("{msg}");
-    }
-    eprintln!("{msg}");
-    false
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn spawn(cmd: &mut Command, log: &Path) -> Child {
-    let f = std::fs::File::create(log).unwrap();
-    cmd.stdout(Stdio::null()).stderr(f).spawn().unwrap()
-}
-
-async fn start() -> (Procs, kube::Client) {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let out = Command::new("openssl")
-        .args(["genrsa", "-out", "sa.key", "2048"])
-        .current_dir(d)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let (ec, ep, port) = (free_port(), free_port(), free_port());
-    let etcd = spawn(
-        Command::new(bin("etcd")).args([
-            "--name=t".to_string(),
-            format!("--data-dir={}", d.join("etcd").display()),
-            format!("--listen-client-urls=http://127.0.0.1:{ec}"),
-            format!("--advertise-client-urls=http://127.0.0.1:{ec}"),
-            format!("--listen-peer-urls=http://127.0.0.1:{ep}"),
-            format!("--initial-advertise-peer-urls=http://127.0.0.1:{ep}"),
-            format!("--initial-cluster=t=http://127.0.0.1:{ep}"),
-            "--unsafe-no-fsync=true".into(),
-            "--log-level=warn".into(),
-        ]),
-        &d.join("etcd.log"),
-    );
-    std::fs::write(
-        d.join("tokens.csv"),
-        format!("{TOKEN},admin,1,\"system:masters\"\n"),
-    )
-    .unwrap();
-    let sa = d.join("sa.key").display().to_string();
-    let api = spawn(
-        Command::new(bin("kube-apiserver")).args([
-            format!("--etcd-servers=http://127.0.0.1:{ec}"),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
-            format!("--secure-port={port}"),
-            format!("--cert-dir={}", d.join("certs").display()),
-            format!("--token-auth-file={}", d.join("tokens.csv").display()),
-            "--authorization-mode=RBAC".into(),
-            format!("--service-account-key-file={sa}"),
-            format!("--service-account-signing-key-file={sa}"),
-            "--service-account-issuer=https://kubernetes.default.svc".into(),
-            "--service-cluster-ip-range=10.0.0.0/24".into(),
-            "--profiling=false".into(),
-        ]),
-        &d.join("apiserver.log"),
-    );
-    let kubeconfig = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: https://127.0.0.1:{port}\n    insecure-skip-tls-verify: true\n\
-         users:\n- name: admin\n  user:\n    token: {TOKEN}\ncontexts:\n- name: t\n  context:\n    cluster: t\n    user: admin\ncurrent-context: t\n"
-    );
-    let kc: Kubeconfig = serde_yaml::from_str(&kubeconfig).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .unwrap();
-    let client = kube::Client::try_from(config).unwrap();
-    let procs = Procs(vec![etcd, api], dir);
-    // Bounded wait for readiness (a start-up wait, not a timing assertion).
-    let ns: Api<Namespace> = Api::all(client.clone());
-    let mut ready = false;
-    for _ in 0..360 {
-        if ns.get_opt("default").await.ok().flatten().is_some() {
-            ready = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    let log = std::fs::read_to_string(procs.1.path().join("apiserver.log")).unwrap_or_default();
-    assert!(ready, "kube-apiserver not ready; log tail:\n{}", tail(&log));
-    (procs, client)
-}
-
-fn tail(s: &str) -> String {
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(30)..].join("\n")
-}
+use crate::util::Recorder;
 
 fn image(group: &str) -> DerivedImage {
     let hex = format!("{:0>64}", group.len());
@@ -198,24 +71,14 @@ fn view() -> PluginConfig {
     }
 }
 
-struct NoRecord;
-
-impl ImageRecorder for NoRecord {
-    fn record(
-        &self,
-        _: u64,
-        _: &BTreeMap<String, DerivedImage>,
-    ) -> Result<(), kudos_rollout::reconcile::RecordError> {
-        Err("nothing to record in this test".into())
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn server_side_apply_is_accepted_idempotent_and_prunes() {
-    if !bins_present() {
-        return;
-    }
-    let (_procs, client) = start().await;
+async fn server_side_apply_is_accepted_idempotent_and_prunes() -> anyhow::Result<()> {
+    let opts = ControlPlaneOptions::default();
+    let Some(run) = RunDir::for_test("rollout-apiserver", &opts.bins())? else {
+        return Ok(());
+    };
+    let cp = ControlPlane::start(&run, opts).await?;
+    let client = cp.client.clone();
     let settings = RolloutSettings::default();
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let mut ns = Namespace::default();
@@ -287,8 +150,12 @@ async fn server_side_apply_is_accepted_idempotent_and_prunes() {
 
     // Re-applying the same configuration, through the reconciler, writes nothing.
     let ctx = Arc::new(
-        kudos_rollout::Ctx::new(settings.clone(), Arc::new(NoRecord), metrics.clone())
-            .with_kube(client.clone()),
+        kudos_rollout::Ctx::new(
+            settings.clone(),
+            Arc::new(Recorder::default()),
+            metrics.clone(),
+        )
+        .with_kube(client.clone()),
     );
     kudos_rollout::reconcile(Arc::new(v.clone()), ctx)
         .await
@@ -352,4 +219,6 @@ async fn server_side_apply_is_accepted_idempotent_and_prunes() {
         resolve_auth(&missing, "reg.example:5000", Some(&client)).await,
         Err(CredentialsError::Fetch { .. })
     ));
+    run.pass();
+    Ok(())
 }

@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
-        .expect("e2e has a parent")
+        .expect("testkit has a parent")
         .to_path_buf()
 }
 
@@ -40,6 +40,18 @@ pub fn kudos_bin(name: &str) -> PathBuf {
     kudos_bin_dir().join(name)
 }
 
+/// A system tool (`openssl`, `docker-registry`, `skopeo`, Debian packages) found on `$PATH`;
+/// `/usr/bin/<name>` when it is nowhere, so [`require_bins`] names it as missing.
+pub fn system_bin(name: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(name))
+                .find(|b| b.is_file())
+        })
+        .unwrap_or_else(|| Path::new("/usr/bin").join(name))
+}
+
 /// The shared data directory (`../shared/data` beside the repository, or `$KUDOS_DATA_DIR`).
 pub fn shared_data_dir() -> PathBuf {
     std::env::var_os("KUDOS_DATA_DIR")
@@ -55,7 +67,7 @@ pub fn require_bins(test: &str, bins: &[PathBuf]) -> bool {
         return true;
     }
     let msg = format!(
-        "{test}: missing {} (run `e2e/build` for the upstream binaries, `cargo build -p <crate>` for Kudos ones)",
+        "{test}: missing {} (run `e2e/build` for the upstream binaries, `cargo build -p <crate>` for Kudos ones, `apt-get install docker-registry skopeo openssl` for the system ones)",
         missing
             .iter()
             .map(|p| p.display().to_string())
@@ -93,6 +105,15 @@ impl RunDir {
             path,
             passed: std::cell::Cell::new(false),
         })
+    }
+
+    /// For a test: [`require_bins`], then a fresh run directory named `test`; `None` when a
+    /// binary is missing (the test returns, having printed `SKIP:`).
+    pub fn for_test(test: &str, bins: &[PathBuf]) -> std::io::Result<Option<Self>> {
+        if !require_bins(test, bins) {
+            return Ok(None);
+        }
+        Self::new(test).map(Some)
     }
 
     /// Marks the run successful: the directory is removed on drop (unless `KUDOS_E2E_KEEP=1`).

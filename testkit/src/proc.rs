@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// A running child process. Dropping it stops it (SIGTERM, SIGKILL after the stop timeout).
@@ -72,6 +72,32 @@ impl Proc {
         Ok(())
     }
 
+    /// Polls `ready` every 50 ms until it returns `Some` (the process is up). Fails as soon as
+    /// the process exits, or after `timeout`, with the log's tail.
+    pub async fn wait_ready<T>(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        mut ready: impl AsyncFnMut() -> Option<T>,
+    ) -> Result<T> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(v) = ready().await {
+                return Ok(v);
+            }
+            self.check_running()?;
+            if Instant::now() > deadline {
+                anyhow::bail!(
+                    "{}: timed out after {timeout:?} waiting for {what}; log {}:\n{}",
+                    self.name,
+                    self.log.display(),
+                    tail(&self.log, 30)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Sends a signal by PID (via `kill(1)`).
     pub fn signal(&self, sig: &str) {
         if let Some(c) = &self.child {
@@ -83,13 +109,21 @@ impl Proc {
         }
     }
 
-    /// SIGTERM, wait up to the stop timeout, then SIGKILL. Idempotent.
-    pub fn stop(&mut self) {
-        let Some(mut c) = self.child.take() else {
-            return;
-        };
-        if matches!(c.try_wait(), Ok(Some(_))) {
-            return;
+    /// SIGKILL now (to the process, a crash) and reap it. Idempotent.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, wait up to the stop timeout, then SIGKILL. Idempotent. Returns how the process
+    /// ended when it exited by itself or on SIGTERM; `None` when it had to be killed or was
+    /// stopped before.
+    pub fn stop(&mut self) -> Option<ExitStatus> {
+        let mut c = self.child.take()?;
+        if let Ok(Some(st)) = c.try_wait() {
+            return Some(st);
         }
         let _ = Command::new("kill")
             .args(["-TERM", &c.id().to_string()])
@@ -98,13 +132,14 @@ impl Proc {
             .status();
         let deadline = Instant::now() + self.stop_timeout;
         while Instant::now() < deadline {
-            if matches!(c.try_wait(), Ok(Some(_))) {
-                return;
+            if let Ok(Some(st)) = c.try_wait() {
+                return Some(st);
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         let _ = c.kill();
         let _ = c.wait();
+        None
     }
 }
 
@@ -128,16 +163,13 @@ pub fn free_port() -> u16 {
 }
 
 /// Polls `f` every `every` until it returns `Some`, or fails after `timeout` with `what`.
-pub async fn wait_for<T, F, Fut>(
+/// `f` is an async closure (`async || ...`, which may borrow), or a closure returning a future.
+pub async fn wait_for<T>(
     what: &str,
     timeout: Duration,
     every: Duration,
-    mut f: F,
-) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
+    mut f: impl AsyncFnMut() -> Option<T>,
+) -> Result<T> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = f().await {

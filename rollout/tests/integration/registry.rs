@@ -1,11 +1,10 @@
 //! Image derivation against a real registry: Debian's `docker-registry` on a random loopback
-//! port, read back with `skopeo`. Skips (with a message) when either binary is missing.
+//! port (started by `kudos-testkit`), read back with `skopeo`. Skips (with a message) when
+//! either binary is missing; `KUDOS_E2E_REQUIRE=1` turns the skip into a failure.
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kudos_rollout::image::{build_layer, sha256_digest};
@@ -14,114 +13,14 @@ use kudos_rollout::{
     RegistrySettings, RetryPolicy, RolloutMetrics, RolloutSettings,
 };
 use kudos_rollout::{DeviceRecord, VendorEntry};
+use kudos_testkit::RunDir;
+use kudos_testkit::proc::free_port;
+use kudos_testkit::registry::{self, Registry, inspect, skopeo};
 use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
 use oci_client::secrets::RegistryAuth;
 use serde_json::{Value, json};
 
-/// Debian's `docker-registry` (distribution v2), from `$PATH`.
-const REGISTRY_BIN: &str = "docker-registry";
-
-struct Registry {
-    child: Child,
-    addr: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn tools_present() -> bool {
-    let ok = Command::new(REGISTRY_BIN)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-        && Command::new("skopeo")
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("SKIP: docker-registry or skopeo not installed");
-    }
-    ok
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn start_registry(port: u16) -> Registry {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("config.yml");
-    let storage = dir.path().join("storage");
-    std::fs::write(
-        &config,
-        format!(
-            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n",
-            storage.display()
-        ),
-    )
-    .unwrap();
-    let child = Command::new(REGISTRY_BIN)
-        .arg("serve")
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let addr = format!("127.0.0.1:{port}");
-    // Wait until it accepts connections (bounded; not a timing assertion).
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(&addr).is_ok() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Registry {
-        child,
-        addr,
-        _dir: dir,
-    }
-}
-
-/// Pushes a minimal base image (one layer with an executable script) with oci-client.
-async fn push_base(addr: &str) -> String {
-    let reference = format!("{addr}/kudos/device-plugin:base");
-    let files = BTreeMap::from([(
-        "kudos-device-plugin".to_string(),
-        b"#!/bin/sh\necho plugin\n".to_vec(),
-    )]);
-    let layer = build_layer(&files).unwrap();
-    let config = json!({
-        "architecture": "amd64",
-        "os": "linux",
-        "config": {"Env": ["PATH=/usr/bin:/bin"], "Entrypoint": ["/kudos-device-plugin"]},
-        "rootfs": {"type": "layers", "diff_ids": [layer.diff_id]},
-        "history": [{"created_by": "test base"}],
-    });
-    let client = oci_client::Client::new(ClientConfig {
-        protocol: ClientProtocol::Http,
-        ..ClientConfig::default()
-    });
-    client
-        .push(
-            &reference.parse().unwrap(),
-            &[ImageLayer::oci_v1_gzip(layer.compressed.clone(), None)],
-            Config::oci_v1(serde_json::to_vec(&config).unwrap(), None),
-            &RegistryAuth::Anonymous,
-            None,
-        )
-        .await
-        .unwrap();
-    reference
-}
+use crate::util::Recorder;
 
 fn settings(addr: &str, base: &str, retry: RetryPolicy) -> RegistrySettings {
     RegistrySettings {
@@ -158,24 +57,14 @@ fn view() -> PluginConfig {
     }
 }
 
-fn skopeo(args: &[&str]) -> Vec<u8> {
-    let out = Command::new("skopeo").args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "skopeo {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn derived_image_reads_back_by_digest_and_is_reproducible() {
-    if !tools_present() {
-        return;
-    }
+async fn derived_image_reads_back_by_digest_and_is_reproducible() -> anyhow::Result<()> {
+    let Some(run) = RunDir::for_test("rollout-registry", &registry::bins())? else {
+        return Ok(());
+    };
     kudos_rollout::install_crypto_provider();
-    let reg = start_registry(free_port());
-    let base = push_base(&reg.addr).await;
+    let reg = Registry::start(run.path(), free_port()).await?;
+    let base = reg.push_plugin_base().await?;
     let metrics = RolloutMetrics::default();
     let deriver =
         ImageDeriver::new(settings(&reg.addr, &base, RetryPolicy::default()), metrics).unwrap();
@@ -189,16 +78,12 @@ async fn derived_image_reads_back_by_digest_and_is_reproducible() {
         format!("{}/kudos/device-plugin-derived@{}", reg.addr, image.digest)
     );
 
-    let by_tag = format!(
-        "docker://{}/kudos/device-plugin-derived:nvidia-g7",
-        reg.addr
-    );
+    let by_tag = format!("{}/kudos/device-plugin-derived:nvidia-g7", reg.addr);
     let by_digest = format!("docker://{}", image.reference);
-    let inspect: Value =
-        serde_json::from_slice(&skopeo(&["inspect", "--tls-verify=false", &by_tag])).unwrap();
-    assert_eq!(inspect["Digest"], image.digest);
-    assert_eq!(inspect["Layers"].as_array().unwrap().len(), 2);
-    let env: Vec<&str> = inspect["Env"]
+    let inspected = inspect(&by_tag, &[])?;
+    assert_eq!(inspected["Digest"], image.digest);
+    assert_eq!(inspected["Layers"].as_array().unwrap().len(), 2);
+    let env: Vec<&str> = inspected["Env"]
         .as_array()
         .unwrap()
         .iter()
@@ -213,7 +98,7 @@ async fn derived_image_reads_back_by_digest_and_is_reproducible() {
         assert!(env.contains(&want), "{want} not in {env:?}");
     }
 
-    let raw = skopeo(&["inspect", "--tls-verify=false", "--raw", &by_digest]);
+    let raw = skopeo(&["inspect", "--tls-verify=false", "--raw", &by_digest])?;
     assert_eq!(sha256_digest(&raw), image.digest);
     let manifest: Value = serde_json::from_slice(&raw).unwrap();
     assert_eq!(
@@ -230,13 +115,7 @@ async fn derived_image_reads_back_by_digest_and_is_reproducible() {
         "application/vnd.oci.image.layer.v1.tar+gzip"
     );
 
-    let config: Value = serde_json::from_slice(&skopeo(&[
-        "inspect",
-        "--tls-verify=false",
-        "--config",
-        &by_digest,
-    ]))
-    .unwrap();
+    let config = inspect(&image.reference, &["--config"])?;
     let diff_ids = config["rootfs"]["diff_ids"].as_array().unwrap();
     assert_eq!(diff_ids.len(), 2);
     assert_eq!(diff_ids[1], image.config_layer_diff_id);
@@ -284,14 +163,8 @@ async fn derived_image_reads_back_by_digest_and_is_reproducible() {
     later.images.insert("nvidia".into(), again);
     assert!(!deriver.needs_derivation(&later, group).unwrap());
     // A changed device list changes the image.
-    later
-        .nodes
-        .get_mut("n1")
-        .unwrap()
-        .get_mut("nvidia")
-        .unwrap()
-        .devices
-        .clear();
+    let nvidia_on_n1 = later.nodes.get_mut("n1").and_then(|n| n.get_mut("nvidia"));
+    nvidia_on_n1.expect("in the fixture").devices.clear();
     assert!(deriver.needs_derivation(&later, group).unwrap());
     let changed = deriver
         .derive_with_retry(&later, group, None)
@@ -317,14 +190,8 @@ async fn derived_image_reads_back_by_digest_and_is_reproducible() {
         "--dest-tls-verify=false",
         &format!("docker://{base}"),
         &format!("docker://{v2s2}"),
-    ]);
-    let raw = skopeo(&[
-        "inspect",
-        "--tls-verify=false",
-        "--raw",
-        &format!("docker://{v2s2}"),
-    ]);
-    let m: Value = serde_json::from_slice(&raw).unwrap();
+    ])?;
+    let m = inspect(&v2s2, &["--raw"])?;
     assert_eq!(
         m["mediaType"],
         "application/vnd.docker.distribution.manifest.v2+json"
@@ -335,9 +202,7 @@ async fn derived_image_reads_back_by_digest_and_is_reproducible() {
     )
     .unwrap();
     let from_v2s2 = deriver.derive_with_retry(&v, group, None).await.unwrap();
-    let by_digest = format!("docker://{}", from_v2s2.reference);
-    let raw = skopeo(&["inspect", "--tls-verify=false", "--raw", &by_digest]);
-    let m: Value = serde_json::from_slice(&raw).unwrap();
+    let m = inspect(&from_v2s2.reference, &["--raw"])?;
     assert_eq!(m["mediaType"], "application/vnd.oci.image.manifest.v1+json");
     for l in m["layers"].as_array().unwrap() {
         assert_eq!(
@@ -345,34 +210,21 @@ async fn derived_image_reads_back_by_digest_and_is_reproducible() {
             "application/vnd.oci.image.layer.v1.tar+gzip"
         );
     }
-    let inspect: Value =
-        serde_json::from_slice(&skopeo(&["inspect", "--tls-verify=false", &by_digest])).unwrap();
-    let env = inspect["Env"].as_array().unwrap();
-    assert!(env.contains(&Value::String("KUDOS_VENDOR=nvidia".into())));
-}
-
-#[derive(Default)]
-struct Recorder(Mutex<Vec<BTreeMap<String, DerivedImage>>>);
-
-impl ImageRecorder for Recorder {
-    fn record(
-        &self,
-        _generation: u64,
-        images: &BTreeMap<String, DerivedImage>,
-    ) -> Result<(), kudos_rollout::reconcile::RecordError> {
-        self.0
-            .lock()
-            .map_err(|e| e.to_string())?
-            .push(images.clone());
-        Ok(())
-    }
+    let env = inspect(&from_v2s2.reference, &[])?["Env"].clone();
+    assert!(
+        env.as_array()
+            .unwrap()
+            .contains(&Value::String("KUDOS_VENDOR=nvidia".into()))
+    );
+    run.pass();
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn registry_down_leaves_configuration_unchanged_and_is_retried() {
-    if !tools_present() {
-        return;
-    }
+async fn registry_down_leaves_configuration_unchanged_and_is_retried() -> anyhow::Result<()> {
+    let Some(run) = RunDir::for_test("rollout-registry-down", &registry::bins())? else {
+        return Ok(());
+    };
     kudos_rollout::install_crypto_provider();
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
@@ -420,12 +272,14 @@ async fn registry_down_leaves_configuration_unchanged_and_is_retried() {
     assert!(recorder.0.lock().unwrap().is_empty());
 
     // The registry comes up; the next attempt succeeds.
-    let reg = start_registry(port);
-    push_base(&reg.addr).await;
+    let reg = Registry::start(run.path(), port).await?;
+    reg.push_plugin_base().await?;
     let image = deriver.derive_with_retry(&v, group, None).await.unwrap();
     assert!(
         image
             .reference
             .starts_with(&format!("{addr}/kudos/device-plugin-derived@sha256:"))
     );
+    run.pass();
+    Ok(())
 }

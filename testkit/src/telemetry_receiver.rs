@@ -1,7 +1,5 @@
-//! Test support: an in-process `TelemetryService` receiver that records what it is sent.
-//!
-//! Public so the crate's integration tests (and other crates' tests) can stand in for the
-//! orchestrator; it is not used by the agent itself. It acknowledges like the real service:
+//! A fake orchestrator for node-agent tests: an in-process `TelemetryService` receiver that
+//! records what it is sent. It acknowledges like the real service:
 //! ACCEPTED the first time a `report_id` is seen, DUPLICATE afterwards, REJECTED for IDs the
 //! test asks it to reject.
 
@@ -54,7 +52,7 @@ impl TestReceiver {
                 .serve_with_incoming(incoming)
                 .await
             {
-                tracing::warn!(error = %e, "test receiver stopped");
+                eprintln!("testkit: telemetry receiver stopped: {e}");
             }
         })
     }
@@ -135,7 +133,9 @@ impl TelemetryService for TestReceiver {
         self.token(&req);
         self.state().heartbeats.push(req.into_inner());
         Ok(Response::new(HeartbeatResponse {
-            server_unix_ms: crate::now_ms(),
+            server_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64),
             interval_seconds: 0,
         }))
     }

@@ -1,0 +1,163 @@
+//! `kudos-orchestrator` against the real API server: extender HTTP and gRPC on free loopback
+//! ports, a file store in the run directory, static gRPC tokens (one per node).
+
+use crate::http;
+use crate::paths::kudos_bin;
+use crate::proc::{Proc, free_port};
+use anyhow::Result;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// A running orchestrator.
+#[derive(Debug)]
+pub struct Orchestrator {
+    proc: Proc,
+    /// `127.0.0.1:<port>` of the HTTP server (extender, /explain, /readyz).
+    pub http_addr: String,
+    /// `127.0.0.1:<port>` of the gRPC server.
+    pub grpc_addr: String,
+}
+
+/// The static token of a node for the gRPC API (see [`Orchestrator::start`]).
+pub fn node_token(node: &str) -> String {
+    format!("e2e-token-{node}")
+}
+
+/// How to start the orchestrator (see [`Orchestrator::start_with`]).
+#[derive(Debug, Clone)]
+pub struct OrchestratorOptions {
+    /// The binary: `kudos_bin("kudos-orchestrator")` by default; the orchestrator's own tests
+    /// pass `env!("CARGO_BIN_EXE_kudos-orchestrator")`.
+    pub bin: PathBuf,
+    /// Kubeconfig, or `None` for `--standalone`.
+    pub kubeconfig: Option<PathBuf>,
+    /// Nodes given static gRPC tokens ([`node_token`], `--auth=static`); `None` keeps the
+    /// default authentication, TokenReview against the cluster.
+    pub static_token_nodes: Option<Vec<String>>,
+    /// Flags appended last (`--config=...`, `--store=config-map`, `--log-level=...`).
+    pub extra: Vec<String>,
+}
+
+impl Default for OrchestratorOptions {
+    fn default() -> Self {
+        Self {
+            bin: kudos_bin("kudos-orchestrator"),
+            kubeconfig: None,
+            static_token_nodes: Some(Vec::new()),
+            extra: Vec::new(),
+        }
+    }
+}
+
+impl Orchestrator {
+    /// Starts the orchestrator with `kubeconfig` (or `--standalone` when `None`), storing its
+    /// state and log under `dir`; `nodes` get static gRPC tokens ([`node_token`]). `extra`
+    /// flags are appended. Waits for `/readyz`.
+    pub async fn start(
+        dir: &Path,
+        kubeconfig: Option<&Path>,
+        nodes: &[String],
+        extra: &[String],
+    ) -> Result<Self> {
+        let opts = OrchestratorOptions {
+            kubeconfig: kubeconfig.map(Path::to_path_buf),
+            static_token_nodes: Some(nodes.to_vec()),
+            extra: extra.to_vec(),
+            ..OrchestratorOptions::default()
+        };
+        Self::start_with(dir, &opts).await
+    }
+
+    /// Starts the orchestrator as `opts` says, on free loopback ports, with its file store and
+    /// log (`kudos-orchestrator.log`, appended across restarts) under `dir`. Waits for
+    /// `/readyz`.
+    pub async fn start_with(dir: &Path, opts: &OrchestratorOptions) -> Result<Self> {
+        let (hp, gp) = (free_port(), free_port());
+        let mut cmd = Command::new(&opts.bin);
+        cmd.args([
+            format!("--http-listen=127.0.0.1:{hp}"),
+            format!("--grpc-listen=127.0.0.1:{gp}"),
+            format!("--store-path={}", dir.join("orchestrator.redb").display()),
+        ]);
+        if let Some(nodes) = &opts.static_token_nodes {
+            let tokens = dir.join("orchestrator-tokens.yaml");
+            let mut t = String::new();
+            for n in nodes {
+                t.push_str(&format!("{}: {n}\n", node_token(n)));
+            }
+            if t.is_empty() {
+                t.push_str("{}\n");
+            }
+            std::fs::write(&tokens, t)?;
+            cmd.args([
+                "--auth=static".into(),
+                format!("--static-tokens-file={}", tokens.display()),
+            ]);
+        }
+        match &opts.kubeconfig {
+            Some(k) => {
+                cmd.arg(format!("--kubeconfig={}", k.display()));
+            }
+            None => {
+                cmd.arg("--standalone");
+            }
+        }
+        cmd.args(&opts.extra);
+        cmd.env(
+            "KUDOS_LOG",
+            std::env::var("KUDOS_E2E_RUST_LOG").unwrap_or_else(|_| "info".into()),
+        );
+        let log = dir.join("kudos-orchestrator.log");
+        let mut proc = Proc::spawn("kudos-orchestrator", cmd, &log)?;
+        let http_addr = format!("127.0.0.1:{hp}");
+        let grpc_addr = format!("127.0.0.1:{gp}");
+        // `/readyz` can answer before the gRPC server listens: wait for both.
+        proc.wait_ready("/readyz and gRPC", Duration::from_secs(60), async || {
+            let r = http::request("GET", &http_addr, "/readyz", None).ok()?;
+            std::net::TcpStream::connect(&grpc_addr).ok()?;
+            (r.status == 200).then_some(())
+        })
+        .await?;
+        Ok(Self {
+            proc,
+            http_addr,
+            grpc_addr,
+        })
+    }
+
+    /// `http://127.0.0.1:<port>/kudos/v1`, the extender URL prefix for kube-scheduler.
+    pub fn extender_url(&self) -> String {
+        format!("http://{}/kudos/v1", self.http_addr)
+    }
+
+    /// `GET /explain/{namespace}/{pod}` as JSON.
+    pub fn explain(&self, namespace: &str, pod: &str) -> Result<serde_json::Value> {
+        http::get_json(&self.http_addr, &format!("/explain/{namespace}/{pod}"))
+    }
+
+    /// Process id.
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
+    /// Fails when the process exited.
+    pub fn check_running(&mut self) -> Result<()> {
+        self.proc.check_running()
+    }
+
+    /// Its log file.
+    pub fn log(&self) -> &Path {
+        self.proc.log()
+    }
+
+    /// SIGKILL (a crash, as far as it can tell).
+    pub fn kill(&mut self) {
+        self.proc.kill();
+    }
+
+    /// Stops it (SIGTERM, then SIGKILL); how it exited when it did so by itself.
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        self.proc.stop()
+    }
+}
