@@ -31,7 +31,7 @@ const NODE_B: &str = "127.0.0.2";
 
 /// Class of job `i` and the node where that class runs fastest.
 fn class_of(i: usize) -> (&'static str, &'static str) {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         ("X", NODE_A)
     } else {
         ("Y", NODE_B)

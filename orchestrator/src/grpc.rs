@@ -134,22 +134,15 @@ impl Ingest {
         let r = req.into_inner();
         Self::check_node(&caller, &r.node)?;
         check_plugin_report(&r).map_err(IngestError::Invalid)?;
-        if !kudos_rollout::config::is_vendor_name(&r.vendor) {
-            return Err(IngestError::Invalid(format!(
-                "vendor {:?} must be a lowercase DNS label of at most {} characters (it names the plugin group, its DaemonSet and image tag)",
-                r.vendor,
-                kudos_rollout::config::MAX_VENDOR_LEN
-            )));
-        }
-        if let Some(d) = r
+        // The vendor names the plugin group, its DaemonSet and image tag.
+        kudos_api::bounds::validate_vendor_name(&r.vendor)
+            .map_err(|e| IngestError::Invalid(e.to_string()))?;
+        if let Some(e) = r
             .devices
             .iter()
-            .find(|d| d.id.is_empty() || d.id.len() > 63)
+            .find_map(|d| kudos_api::bounds::validate_device_id(&d.id).err())
         {
-            return Err(IngestError::Invalid(format!(
-                "device ID {:?} must be 1..=63 characters",
-                d.id
-            )));
+            return Err(IngestError::Invalid(e.to_string()));
         }
         let healthy = r.devices.iter().filter(|d| d.healthy).count() as u32;
         let total = r.devices.len() as u32;

@@ -243,13 +243,13 @@ state = "{n}/containerd/state"
             binary = binary.display(),
         );
         std::fs::write(n.join("containerd.toml"), containerd)?;
+        let br = format!("{}{name}", host::BRIDGE_PREFIX);
         let cni = format!(
             r#"{{"cniVersion": "1.0.0", "name": "realnode-{name}", "plugins": [{{
   "type": "bridge", "bridge": "{br}", "isGateway": false, "ipMasq": false,
   "ipam": {{"type": "host-local", "ranges": [[{{"subnet": "10.244.{idx}.0/24"}}]],
             "dataDir": "{n}/cni/ipam"}}}}]}}
 "#,
-            br = format!("{}{name}", host::BRIDGE_PREFIX),
             idx = self.spec.index,
             n = n.display(),
         );

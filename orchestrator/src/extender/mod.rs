@@ -208,10 +208,10 @@ fn check_request(args: &ExtenderArgs, facts: &PodFacts) -> Result<(), String> {
     check_len("Pod.metadata.name", &facts.name, MAX_OBJECT_NAME_LEN)?;
     check_len("Pod.metadata.uid", &facts.uid, MAX_REPORT_ID_LEN)?;
     if let Some(c) = &facts.class {
-        check_len(crate::kobj::LABEL_CLASS, c, MAX_LABEL_VALUE_LEN)?;
+        check_len(kudos_api::labels::CLASS, c, MAX_LABEL_VALUE_LEN)?;
     }
     if let Some((g, _)) = &facts.gang {
-        check_len(crate::kobj::ANN_GANG_NAME, g, MAX_OBJECT_NAME_LEN)?;
+        check_len(kudos_api::labels::GANG_NAME, g, MAX_OBJECT_NAME_LEN)?;
     }
     Ok(())
 }

@@ -8,12 +8,10 @@ use std::sync::Arc;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, Patch, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kudos_rollout::credentials::{CredentialsError, resolve_auth};
 use kudos_rollout::render::{OWNED_SELECTOR, affinity_nodes};
 use kudos_rollout::{
-    CredentialSource, DerivedImage, ImageRecorder, PluginConfig, RolloutMetrics, RolloutSettings,
-    apply,
+    CredentialSource, DerivedImage, PluginConfig, RolloutMetrics, RolloutSettings, apply,
 };
 use kudos_rollout::{DeviceRecord, VendorEntry};
 use kudos_testkit::{ControlPlane, ControlPlaneOptions, RunDir};

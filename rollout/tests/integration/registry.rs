@@ -7,18 +7,17 @@ use std::io::Read;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kudos_rollout::image::{build_layer, sha256_digest};
+use kudos_rollout::image::sha256_digest;
 use kudos_rollout::{
-    DeriveError, DerivedImage, ImageDeriver, ImageRecorder, PlainHttp, PluginConfig,
-    RegistrySettings, RetryPolicy, RolloutMetrics, RolloutSettings,
+    DeriveError, ImageDeriver, PlainHttp, PluginConfig, RegistrySettings, RetryPolicy,
+    RolloutMetrics, RolloutSettings,
 };
 use kudos_rollout::{DeviceRecord, VendorEntry};
 use kudos_testkit::RunDir;
 use kudos_testkit::proc::free_port;
 use kudos_testkit::registry::{self, Registry, inspect, skopeo};
-use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
-use oci_client::secrets::RegistryAuth;
-use serde_json::{Value, json};
+use oci_client::client::{ClientConfig, ClientProtocol};
+use serde_json::Value;
 
 use crate::util::Recorder;
 
