@@ -31,6 +31,21 @@ fn state(p: &Orchestrator) -> Value {
     http::get_json(&p.http_addr, "/state").unwrap()
 }
 
+/// `/state` once the learner has applied every run up to `seq`: an ack promises that a run is
+/// stored, and the learner publishes it a moment later. Gives up after 10 s with the last state.
+async fn state_applied(p: &Orchestrator, seq: usize) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let st = state(p);
+        if st["model"]["appliedSeq"].as_u64() >= Some(seq as u64)
+            || std::time::Instant::now() > deadline
+        {
+            return st;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 async fn register(p: &Orchestrator) {
     let mut reg = RegistryServiceClient::connect(grpc(p)).await.unwrap();
     reg.report_plugin(with_token(plugin("n1", 4, true), Some(&node_token("n1"))))
@@ -109,7 +124,7 @@ async fn sigkill_between_receive_and_ack_loses_nothing_and_counts_once() {
             || (!acked_before && a.status == pb::AckStatus::Accepted as i32);
         assert!(ok, "{a:?} (acked before the kill: {acked_before})");
     }
-    let st = state(&p2);
+    let st = state_applied(&p2, all.len()).await;
     assert_eq!(
         st["model"]["appliedSeq"],
         all.len(),
@@ -140,7 +155,7 @@ async fn state_is_identical_after_sigkill_restart() {
     assert_eq!(send(&p, &all[..6], 6).await.len(), 6);
     tokio::time::sleep(Duration::from_millis(600)).await; // a snapshot covers the first 6
     assert_eq!(send(&p, &all[6..], 6).await.len(), 6);
-    let before = state(&p);
+    let before = state_applied(&p, all.len()).await;
     p.kill();
     let p2 = start(&run, &[&cfg_arg]).await;
     let after = state(&p2);
