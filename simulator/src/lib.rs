@@ -63,9 +63,9 @@ pub fn main_with_args() -> ExitCode {
 pub fn make_policy(name: &str, s: &Settings, seed: u64) -> anyhow::Result<Box<dyn Policy>> {
     let pseed = seed ^ 0x05ee_d0fb_01c1_e5a7;
     Ok(match name {
-        "kube-default" => Box::new(policy::KubeDefault::new(pseed)),
-        "random" => Box::new(policy::RandomPolicy::new(pseed)),
-        "fastest-type" => Box::new(policy::FastestType::new(
+        "kube-default" => Box::new(policy::Baseline::kube_default(pseed)),
+        "random" => Box::new(policy::Baseline::random(pseed)),
+        "fastest-type" => Box::new(policy::Baseline::fastest_type(
             &s.preference,
             s.table.gpu_types.len(),
             pseed,
