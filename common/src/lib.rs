@@ -1,9 +1,10 @@
-//! Process plumbing shared by every Kudos binary: one way to configure logs and one way to
-//! wait for a shutdown signal, so the four daemons behave alike at 3 a.m.
+//! Process plumbing shared by every Kudos binary: one way to configure logs, to wait for a
+//! shutdown signal and to serve metrics text, so the four daemons behave alike at 3 a.m.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod duration;
+pub mod exposition;
 
 use clap::{Args, ValueEnum};
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
