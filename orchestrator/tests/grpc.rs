@@ -5,8 +5,7 @@ mod common;
 
 use common::*;
 use futures::future::BoxFuture;
-use kudos_orchestrator::auth::StaticAuthenticator;
-use kudos_orchestrator::grpc::{Ingest, Services};
+use kudos_orchestrator::grpc::Services;
 use kudos_orchestrator::index::SharedIndex;
 use kudos_orchestrator::metrics::Metrics;
 use kudos_orchestrator::state::{PluginConfig, StoredRun};
@@ -60,29 +59,8 @@ async fn start(gate: Option<Arc<Semaphore>>) -> Server {
         None => Arc::new(file),
     };
     let index = mk_index(&[]);
-    let auth = StaticAuthenticator::new(
-        [
-            ("t-n1".to_owned(), "n1".to_owned()),
-            ("t-n2".to_owned(), "n2".to_owned()),
-        ]
-        .into(),
-    );
-    // No drain in these tests: a dropped sender never signals one.
-    let (_, draining) = tokio::sync::watch::channel(false);
     let metrics = Arc::new(Metrics::new());
-    let server_metrics = metrics.clone();
-    let ingest = Arc::new(Ingest {
-        runs: run_writer(store.clone(), index.clone(), metrics.clone()),
-        index: index.clone(),
-        store: store.clone(),
-        auth: Arc::new(auth),
-        metrics,
-        unified: UNIFIED.into(),
-        heartbeat_max_age: 120.0,
-        lock: tokio::sync::Mutex::new(()),
-        draining,
-        plugin_updates: tokio::sync::watch::Sender::new(Default::default()),
-    });
+    let ingest = ingest(index.clone(), store.clone(), &["n1", "n2"], metrics.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = format!("http://{}", listener.local_addr().unwrap());
     let svc = Services(ingest);
@@ -95,10 +73,22 @@ async fn start(gate: Option<Arc<Semaphore>>) -> Server {
     Server {
         addr,
         index,
-        metrics: server_metrics,
+        metrics,
         store,
         _dir: dir,
     }
+}
+
+/// `ReportPlugin` for n1 with its token: `devices` devices, all `healthy` or none.
+async fn report_n1_plugin(
+    c: &mut RegistryServiceClient<tonic::transport::Channel>,
+    devices: usize,
+    healthy: bool,
+) -> pb::ReportPluginResponse {
+    c.report_plugin(with_token(plugin("n1", devices, healthy), Some("t-n1")))
+        .await
+        .unwrap()
+        .into_inner()
 }
 
 #[tokio::test]
@@ -107,30 +97,14 @@ async fn registry_rewrites_name_and_bumps_generation_only_on_change() {
     let mut c = RegistryServiceClient::connect(s.addr.clone())
         .await
         .unwrap();
-    let r = c
-        .report_plugin(with_token(plugin("n1", 2, true), Some("t-n1")))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = report_n1_plugin(&mut c, 2, true).await;
     assert_eq!(r.unified_resource_name, UNIFIED);
     assert_eq!(r.generation, 1);
-    let r = c
-        .report_plugin(with_token(plugin("n1", 2, true), Some("t-n1")))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = report_n1_plugin(&mut c, 2, true).await;
     assert_eq!(r.generation, 1, "same report, same generation");
-    let r = c
-        .report_plugin(with_token(plugin("n1", 2, false), Some("t-n1")))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = report_n1_plugin(&mut c, 2, false).await;
     assert_eq!(r.generation, 1, "health is not configuration");
-    let r = c
-        .report_plugin(with_token(plugin("n1", 3, true), Some("t-n1")))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = report_n1_plugin(&mut c, 3, true).await;
     assert_eq!(r.generation, 2);
     let stored = s.store.load().await.unwrap().plugin_config;
     assert_eq!(stored.generation, 2);

@@ -8,10 +8,9 @@ use axum::body::Body;
 use axum::http::Request;
 use common::*;
 use k8s_openapi::api::core::v1::Node;
-use kudos_orchestrator::auth::StaticAuthenticator;
-use kudos_orchestrator::grpc::{Ingest, Services};
+use kudos_orchestrator::grpc::Services;
 use kudos_orchestrator::http::router;
-use kudos_orchestrator::index::{HeartbeatInfo, SharedIndex};
+use kudos_orchestrator::index::HeartbeatInfo;
 use kudos_orchestrator::kobj;
 use kudos_orchestrator::metrics::Metrics;
 use kudos_orchestrator::rollout::{ConfigRecorder, NodeMonitoring, record_images};
@@ -32,25 +31,6 @@ use tower::ServiceExt;
 /// Port 1 on loopback: any registry access fails, so a pass that tries to push fails.
 const BASE: &str = "127.0.0.1:1/kudos/device-plugin:base";
 const REPO: &str = "127.0.0.1:1/kudos/device-plugin-derived";
-
-fn ingest(index: SharedIndex, store: Arc<dyn Store>) -> Arc<Ingest> {
-    let (_, draining) = tokio::sync::watch::channel(false);
-    let metrics = Arc::new(Metrics::new());
-    Arc::new(Ingest {
-        runs: run_writer(store.clone(), index.clone(), metrics.clone()),
-        index,
-        store,
-        auth: Arc::new(StaticAuthenticator::new(
-            [("t-n1".to_owned(), "n1".to_owned())].into(),
-        )),
-        metrics,
-        unified: UNIFIED.into(),
-        heartbeat_max_age: 120.0,
-        lock: tokio::sync::Mutex::new(()),
-        draining,
-        plugin_updates: tokio::sync::watch::Sender::new(Default::default()),
-    })
-}
 
 fn deriver() -> ImageDeriver {
     ImageDeriver::new(
@@ -89,7 +69,12 @@ async fn recorder_persists_images_and_an_identical_generation_does_not_rederive(
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(FileStore::open(&dir.path().join("s.redb")).unwrap());
     let index = mk_index(&[]);
-    let ingest = ingest(index.clone(), store.clone());
+    let ingest = ingest(
+        index.clone(),
+        store.clone(),
+        &["n1"],
+        Arc::new(Metrics::new()),
+    );
     let mut published = ingest.plugin_updates.subscribe();
     let grpc = Services(ingest.clone());
     let r = grpc
@@ -278,7 +263,12 @@ async fn a_failed_push_leaves_the_configuration_unchanged() {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(FileStore::open(&dir.path().join("s.redb")).unwrap());
     let index = mk_index(&[]);
-    let ingest = ingest(index.clone(), store.clone());
+    let ingest = ingest(
+        index.clone(),
+        store.clone(),
+        &["n1"],
+        Arc::new(Metrics::new()),
+    );
     Services(ingest.clone())
         .report_plugin(with_token(plugin("n1", 1, true), Some("t-n1")))
         .await
@@ -318,7 +308,12 @@ async fn a_failed_push_leaves_the_configuration_unchanged() {
 async fn vendor_names_that_cannot_name_a_plugin_group_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(FileStore::open(&dir.path().join("s.redb")).unwrap());
-    let grpc = Services(ingest(mk_index(&[]), store));
+    let grpc = Services(ingest(
+        mk_index(&[]),
+        store,
+        &["n1"],
+        Arc::new(Metrics::new()),
+    ));
     let mut req = plugin("n1", 1, true);
     req.vendor = "NVIDIA".into();
     let status = grpc
