@@ -333,6 +333,22 @@ mod tests {
         (t, c)
     }
 
+    /// What a policy sees at time 0.
+    fn at_start<'a>(
+        table: &'a ThroughputTable,
+        cluster: &'a Cluster,
+        feasible: &'a [bool],
+        gang: bool,
+    ) -> Ctx<'a> {
+        Ctx {
+            table,
+            cluster,
+            now: 0.0,
+            feasible,
+            gang,
+        }
+    }
+
     fn job(gpus: u32) -> Job {
         Job {
             id: 0,
@@ -347,13 +363,7 @@ mod tests {
     #[test]
     fn oracle_takes_the_fast_type_and_kube_default_spreads() {
         let (t, c) = setup();
-        let ctx = Ctx {
-            table: &t,
-            cluster: &c,
-            now: 0.0,
-            feasible: &[true, true],
-            gang: false,
-        };
+        let ctx = at_start(&t, &c, &[true, true], false);
         let p = Oracle::new(0).place(&job(1), &ctx).unwrap();
         assert_eq!(c.nodes[p.slots[0].0].gpu_type, 1);
         assert_eq!(p.predicted_seconds, Some(25.0));
@@ -369,13 +379,7 @@ mod tests {
     #[test]
     fn gang_runs_at_the_pace_of_its_slowest_member() {
         let (t, c) = setup();
-        let ctx = Ctx {
-            table: &t,
-            cluster: &c,
-            now: 0.0,
-            feasible: &[true, true],
-            gang: true,
-        };
+        let ctx = at_start(&t, &c, &[true, true], true);
         let p = Oracle::new(0).place(&job(2), &ctx).unwrap();
         assert_eq!(p.slots.len(), 2);
         assert!(p.slots.iter().all(|s| c.nodes[s.0].gpu_type == 1));
@@ -408,13 +412,7 @@ mod tests {
     #[test]
     fn infeasible_types_are_never_offered() {
         let (t, c) = setup();
-        let ctx = Ctx {
-            table: &t,
-            cluster: &c,
-            now: 0.0,
-            feasible: &[false, true],
-            gang: false,
-        };
+        let ctx = at_start(&t, &c, &[false, true], false);
         let mut r = Baseline::random(3);
         for _ in 0..50 {
             let p = r.place(&job(1), &ctx).unwrap();
