@@ -8,9 +8,9 @@ use axum::body::Body;
 use axum::http::Request;
 use common::*;
 use k8s_openapi::api::core::v1::Node;
-use kudos_orchestrator::grpc::Services;
+use kudos_orchestrator::grpc::{Ingest, Services};
 use kudos_orchestrator::http::router;
-use kudos_orchestrator::index::HeartbeatInfo;
+use kudos_orchestrator::index::{HeartbeatInfo, SharedIndex};
 use kudos_orchestrator::kobj;
 use kudos_orchestrator::metrics::Metrics;
 use kudos_orchestrator::rollout::{ConfigRecorder, NodeMonitoring, record_images};
@@ -31,6 +31,15 @@ use tower::ServiceExt;
 /// Port 1 on loopback: any registry access fails, so a pass that tries to push fails.
 const BASE: &str = "127.0.0.1:1/kudos/device-plugin:base";
 const REPO: &str = "127.0.0.1:1/kudos/device-plugin-derived";
+
+/// A file store in `dir`, an empty index and the ingestion over both that knows node n1.
+fn ingest_for_n1(dir: &tempfile::TempDir) -> (Arc<dyn Store>, SharedIndex, Arc<Ingest>) {
+    let store: Arc<dyn Store> = Arc::new(FileStore::open(&dir.path().join("s.redb")).unwrap());
+    let index = mk_index(&[]);
+    let metrics = Arc::new(Metrics::new());
+    let ingest = ingest(index.clone(), store.clone(), &["n1"], metrics);
+    (store, index, ingest)
+}
 
 fn deriver() -> ImageDeriver {
     ImageDeriver::new(
@@ -67,14 +76,7 @@ fn derived(view: &PluginConfig) -> (String, DerivedImage) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recorder_persists_images_and_an_identical_generation_does_not_rederive() {
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn Store> = Arc::new(FileStore::open(&dir.path().join("s.redb")).unwrap());
-    let index = mk_index(&[]);
-    let ingest = ingest(
-        index.clone(),
-        store.clone(),
-        &["n1"],
-        Arc::new(Metrics::new()),
-    );
+    let (store, index, ingest) = ingest_for_n1(&dir);
     let mut published = ingest.plugin_updates.subscribe();
     let grpc = Services(ingest.clone());
     let r = grpc
@@ -261,14 +263,7 @@ async fn state_shows_monitor_output_and_filter_rejects_excluded_nodes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_push_leaves_the_configuration_unchanged() {
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn Store> = Arc::new(FileStore::open(&dir.path().join("s.redb")).unwrap());
-    let index = mk_index(&[]);
-    let ingest = ingest(
-        index.clone(),
-        store.clone(),
-        &["n1"],
-        Arc::new(Metrics::new()),
-    );
+    let (store, index, ingest) = ingest_for_n1(&dir);
     Services(ingest.clone())
         .report_plugin(with_token(plugin("n1", 1, true), Some("t-n1")))
         .await
@@ -307,13 +302,7 @@ async fn a_failed_push_leaves_the_configuration_unchanged() {
 #[tokio::test]
 async fn vendor_names_that_cannot_name_a_plugin_group_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn Store> = Arc::new(FileStore::open(&dir.path().join("s.redb")).unwrap());
-    let grpc = Services(ingest(
-        mk_index(&[]),
-        store,
-        &["n1"],
-        Arc::new(Metrics::new()),
-    ));
+    let grpc = Services(ingest_for_n1(&dir).2);
     let mut req = plugin("n1", 1, true);
     req.vendor = "NVIDIA".into();
     let status = grpc
