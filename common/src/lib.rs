@@ -59,6 +59,22 @@ impl LogArgs {
     }
 }
 
+/// The start of a command: parses the command line, installs the log subscriber its flags ask
+/// for (`log` finds them) and turns the flags into settings with `settings`. A failure is said
+/// on stderr and becomes `Err` with the usage-error exit code (2).
+pub fn parse_settings<A: clap::Parser, S, E: std::fmt::Display>(
+    log: impl FnOnce(&A) -> &LogArgs,
+    settings: impl FnOnce(A) -> Result<S, E>,
+) -> Result<S, std::process::ExitCode> {
+    let usage_error = |e: &dyn std::fmt::Display| {
+        eprintln!("error: {e:#}");
+        std::process::ExitCode::from(2)
+    };
+    let args = A::parse();
+    log(&args).init().map_err(|e| usage_error(&e))?;
+    settings(args).map_err(|e| usage_error(&e))
+}
+
 /// Resolves when the process receives SIGTERM or SIGINT (Ctrl-C).
 ///
 /// Kubernetes sends SIGTERM on pod deletion and SIGKILL after the grace period, so servers
