@@ -1,9 +1,10 @@
-//! Process plumbing shared by every Kudos binary: one way to configure logs and one way to
-//! wait for a shutdown signal, so the four daemons behave alike at 3 a.m.
+//! Process plumbing shared by every Kudos binary: one way to configure logs, to wait for a
+//! shutdown signal and to serve metrics text, so the four daemons behave alike at 3 a.m.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod duration;
+pub mod exposition;
 
 use clap::{Args, ValueEnum};
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
@@ -56,6 +57,22 @@ impl LogArgs {
         };
         result.map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))
     }
+}
+
+/// The start of a command: parses the command line, installs the log subscriber its flags ask
+/// for (`log` finds them) and turns the flags into settings with `settings`. A failure is said
+/// on stderr and becomes `Err` with the usage-error exit code (2).
+pub fn parse_settings<A: clap::Parser, S, E: std::fmt::Display>(
+    log: impl FnOnce(&A) -> &LogArgs,
+    settings: impl FnOnce(A) -> Result<S, E>,
+) -> Result<S, std::process::ExitCode> {
+    let usage_error = |e: &dyn std::fmt::Display| {
+        eprintln!("error: {e:#}");
+        std::process::ExitCode::from(2)
+    };
+    let args = A::parse();
+    log(&args).init().map_err(|e| usage_error(&e))?;
+    settings(args).map_err(|e| usage_error(&e))
 }
 
 /// Resolves when the process receives SIGTERM or SIGINT (Ctrl-C).

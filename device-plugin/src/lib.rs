@@ -25,7 +25,6 @@ pub mod server;
 
 use anyhow::Context as _;
 use backend::{BackendError, Backends, DeviceBackend};
-use clap::Parser;
 use cli::{Args, BackendKind, Settings};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -35,17 +34,9 @@ use tracing::Instrument as _;
 
 /// Parses arguments, runs, and maps the outcome to an exit code.
 pub fn main_with_args() -> ExitCode {
-    let args = Args::parse();
-    if let Err(e) = args.log.init() {
-        eprintln!("error: {e:#}");
-        return ExitCode::from(2);
-    }
-    let settings = match Settings::try_from(args) {
+    let settings = match kudos_common::parse_settings(|a: &Args| &a.log, Settings::try_from) {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.worker_threads(2);

@@ -196,42 +196,6 @@ impl Metrics {
         out
     }
 
-    /// Prometheus text format 0.0.4, for scrapers and tools (promtool) that do not speak
-    /// OpenMetrics: the same samples, with counter metadata named after the `_total` series
-    /// and no `# EOF`.
-    pub fn encode_prometheus_text(&self) -> String {
-        let om = self.encode();
-        let counters: std::collections::HashSet<&str> = om
-            .lines()
-            .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
-            .collect();
-        let mut out = String::with_capacity(om.len());
-        for line in om.lines() {
-            if line == "# EOF" || line.starts_with("# UNIT ") {
-                continue;
-            }
-            let meta = ["# HELP ", "# TYPE "]
-                .into_iter()
-                .find_map(|p| Some((p, line.strip_prefix(p)?)));
-            match meta {
-                Some((p, rest)) => {
-                    let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
-                    if counters.contains(name) {
-                        out.push_str(&format!("{p}{name}_total {tail}\n"));
-                    } else {
-                        out.push_str(line);
-                        out.push('\n');
-                    }
-                }
-                None => {
-                    out.push_str(line);
-                    out.push('\n');
-                }
-            }
-        }
-        out
-    }
-
     /// `/metrics`, `/healthz`, `/ready`.
     pub fn router(&self) -> Router {
         Router::new()
@@ -244,27 +208,9 @@ impl Metrics {
 
 /// OpenMetrics when the scraper asks for it, Prometheus text otherwise.
 async fn metrics(State(m): State<Metrics>, headers: axum::http::HeaderMap) -> impl IntoResponse {
-    let wants_om = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|a| a.contains("application/openmetrics-text"));
-    if wants_om {
-        (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            m.encode(),
-        )
-    } else {
-        (
-            [(
-                header::CONTENT_TYPE,
-                "text/plain; version=0.0.4; charset=utf-8",
-            )],
-            m.encode_prometheus_text(),
-        )
-    }
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (content_type, body) = kudos_common::exposition::negotiate(accept, m.encode());
+    ([(header::CONTENT_TYPE, content_type)], body)
 }
 
 async fn ready(State(m): State<Metrics>) -> impl IntoResponse {

@@ -5,7 +5,7 @@ mod support;
 
 use kudos_nvml::fake::FakeNvml;
 use std::time::Duration;
-use support::{Kubelet, Plugin, Registry, flags, serve_registry};
+use support::{Kubelet, Plugin, Registry, flags, serve_registry, serve_registry_on_loopback};
 
 struct Env {
     tmp: tempfile::TempDir,
@@ -81,13 +81,8 @@ async fn orchestrator_down_registers_under_the_cached_name() {
 #[tokio::test]
 async fn orchestrator_name_is_used_cached_and_reported_with_the_token() {
     let e = env();
-    let registry = Registry::default();
-    *registry.name.lock().expect("lock") = "unified.example/gpu".into();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = format!("http://{}", listener.local_addr().expect("addr"));
-    let server = serve_registry(registry.clone(), listener).await;
+    let registry = Registry::named("unified.example/gpu");
+    let (addr, server) = serve_registry_on_loopback(registry.clone()).await;
     let mut kubelet = Kubelet::new(&e.dir);
     kubelet.start();
     let plugin = Plugin::start(&plugin_flags(&e, Some(&addr)));
@@ -131,8 +126,7 @@ async fn orchestrator_coming_up_later_renames_and_reregisters() {
     assert_eq!(reg.resource_name, "kudos.dev/gpu");
     kubelet.list_where(|l| l.len() == 2).await;
 
-    let registry = Registry::default();
-    *registry.name.lock().expect("lock") = "other.example/gpu".into();
+    let registry = Registry::named("other.example/gpu");
     let listener = tokio::net::TcpListener::bind(addr_str)
         .await
         .expect("rebind");
@@ -154,13 +148,8 @@ async fn orchestrator_coming_up_later_renames_and_reregisters() {
 #[tokio::test]
 async fn an_invalid_name_from_the_orchestrator_is_not_used() {
     let e = env();
-    let registry = Registry::default();
-    *registry.name.lock().expect("lock") = "kubernetes.io/gpu".into();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = format!("http://{}", listener.local_addr().expect("addr"));
-    let server = serve_registry(registry, listener).await;
+    let registry = Registry::named("kubernetes.io/gpu");
+    let (addr, server) = serve_registry_on_loopback(registry).await;
     let mut kubelet = Kubelet::new(&e.dir);
     kubelet.start();
     let plugin = Plugin::start(&plugin_flags(&e, Some(&addr)));

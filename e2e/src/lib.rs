@@ -1,13 +1,15 @@
 //! Kudos end-to-end scenarios against real upstream Kubernetes components on loopback. The
 //! runners (etcd, kube-apiserver, kube-scheduler, `kubelet-dm`, `kudos-orchestrator`) live in
 //! `kudos-testkit`, re-exported here under their old paths; this crate adds what only the
-//! scenarios use: run reports over gRPC and a do-nothing extender for the throughput baseline.
+//! scenarios use: run reports over gRPC, waits on pods and a do-nothing extender for the
+//! throughput baseline.
 //!
 //! Where to start: [`ControlPlane::start`].
 #![forbid(unsafe_code)]
 
 pub use kudos_testkit::{cluster, http, kubelet, nodes, orchestrator, paths, proc};
 pub mod null_extender;
+pub mod pods;
 pub mod realnode;
 pub mod telemetry;
 

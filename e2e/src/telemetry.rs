@@ -6,6 +6,8 @@ use kudos_proto::kudos::v1::{
     AckStatus, RunReport, RunState, telemetry_service_client::TelemetryServiceClient,
 };
 use tonic::metadata::MetadataValue;
+use tonic::service::{Interceptor, interceptor::InterceptedService};
+use tonic::transport::{Channel, Endpoint};
 
 /// One completed run of `class` on `node` (one GPU of `model`) lasting `seconds`, ending
 /// `ago_s` seconds ago. `seq` makes ids unique.
@@ -48,20 +50,29 @@ pub fn completed_run(
     }
 }
 
-/// Sends `reports` (all about `node`) on one ReportRuns stream with that node's token and
-/// checks every acknowledgement is Accepted (or Duplicate).
-pub async fn report_runs(grpc_addr: &str, node: &str, reports: Vec<RunReport>) -> Result<()> {
-    let n = reports.len();
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc_addr}"))?
+/// A gRPC connection to the orchestrator that presents `node`'s token on every call, as that
+/// node's daemons do.
+async fn connect_as(
+    grpc_addr: &str,
+    node: &str,
+) -> Result<InterceptedService<Channel, impl Interceptor + use<>>> {
+    let channel = Endpoint::from_shared(format!("http://{grpc_addr}"))?
         .connect()
         .await
         .context("connect gRPC")?;
     let token: MetadataValue<_> = format!("Bearer {}", node_token(node)).parse()?;
-    let mut client =
-        TelemetryServiceClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
-            req.metadata_mut().insert("authorization", token.clone());
-            Ok(req)
-        });
+    let authorize = move |mut req: tonic::Request<()>| {
+        req.metadata_mut().insert("authorization", token.clone());
+        Ok(req)
+    };
+    Ok(InterceptedService::new(channel, authorize))
+}
+
+/// Sends `reports` (all about `node`) on one ReportRuns stream with that node's token and
+/// checks every acknowledgement is Accepted (or Duplicate).
+pub async fn report_runs(grpc_addr: &str, node: &str, reports: Vec<RunReport>) -> Result<()> {
+    let n = reports.len();
+    let mut client = TelemetryServiceClient::new(connect_as(grpc_addr, node).await?);
     let mut acks = client
         .report_runs(tokio_stream::iter(reports))
         .await
@@ -101,16 +112,7 @@ pub async fn report_plugin(
     use kudos_proto::kudos::v1::{
         Device, ReportPluginRequest, registry_service_client::RegistryServiceClient,
     };
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc_addr}"))?
-        .connect()
-        .await
-        .context("connect gRPC")?;
-    let token: MetadataValue<_> = format!("Bearer {}", node_token(node)).parse()?;
-    let mut client =
-        RegistryServiceClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
-            req.metadata_mut().insert("authorization", token.clone());
-            Ok(req)
-        });
+    let mut client = RegistryServiceClient::new(connect_as(grpc_addr, node).await?);
     let devices = (0..n)
         .map(|i| Device {
             id: format!("nv-GPU-{node}-{i}"),

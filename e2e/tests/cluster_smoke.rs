@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, PostParams};
 use kudos_e2e::nodes::{create_nodes, uniform_shapes};
 use kudos_e2e::paths::upstream_bin;
-use kudos_e2e::proc::wait_for;
+use kudos_e2e::pods::{bound_node, unschedulable};
 use kudos_e2e::{ControlPlane, ControlPlaneOptions, RunDir, require_bins};
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -64,44 +64,13 @@ async fn cluster_smoke_pods_are_bound_by_real_scheduler() -> anyhow::Result<()> 
         .await?;
 
     for (name, want) in [("plain", None), ("gpu", Some("node-t4-0"))] {
-        let node = wait_for(
-            &format!("pod {name} bound"),
-            Duration::from_secs(60),
-            Duration::from_millis(200),
-            || {
-                let pods = pods.clone();
-                async move {
-                    pods.get(name)
-                        .await
-                        .ok()
-                        .and_then(|p| p.spec.and_then(|s| s.node_name))
-                }
-            },
-        )
-        .await?;
+        let node = bound_node(&pods, name).await?;
         if let Some(w) = want {
             assert_eq!(node, w, "pod {name} must land on the only GPU node");
         }
     }
     // 8 GPUs fit nowhere: the scheduler reports it unschedulable, naming the resource.
-    let msg = wait_for(
-        "too-big unschedulable",
-        Duration::from_secs(30),
-        Duration::from_millis(200),
-        || {
-            let pods = pods.clone();
-            async move {
-                let p = pods.get("too-big").await.ok()?;
-                let c = p
-                    .status?
-                    .conditions?
-                    .into_iter()
-                    .find(|c| c.type_ == "PodScheduled")?;
-                (c.status == "False").then(|| c.message.unwrap_or_default())
-            }
-        },
-    )
-    .await?;
+    let (_, msg) = unschedulable(&pods, "too-big", Duration::from_secs(30)).await?;
     assert!(
         msg.contains("kudos.dev/gpu"),
         "unschedulable message names the resource: {msg}"

@@ -20,9 +20,8 @@ async fn wait_capacity(
     timeout: Duration,
     f: impl Fn(&Capacity) -> bool,
 ) -> anyhow::Result<Capacity> {
-    wait_for(what, timeout, Duration::from_millis(10), || {
-        let c = dm.capacity().ok().filter(|c| f(c));
-        async move { c }
+    wait_for(what, timeout, Duration::from_millis(10), async || {
+        dm.capacity().ok().filter(|c| f(c))
     })
     .await
 }
@@ -246,24 +245,20 @@ async fn device_plugin_with_real_kubelet_device_manager() -> anyhow::Result<()> 
         "node agent attributes the GPUs to the pod",
         Duration::from_secs(30),
         Duration::from_millis(200),
-        || {
+        async || {
             let text = http::request("GET", &addr, "/metrics", None)
                 .ok()
-                .map(|r| String::from_utf8_lossy(&r.body).to_string());
-            let given = given.clone();
-            async move {
-                let text = text?;
-                let ok = given.iter().all(|id| {
-                    let uuid = id.trim_start_matches("nv-");
-                    text.lines().any(|l| {
-                        l.starts_with("DCGM_FI_DEV_GPU_UTIL")
-                            && l.contains(uuid)
-                            && l.contains("pod=\"trainer\"")
-                            && l.contains("namespace=\"default\"")
-                    })
-                });
-                ok.then_some(text)
-            }
+                .map(|r| String::from_utf8_lossy(&r.body).to_string())?;
+            let ok = given.iter().all(|id| {
+                let uuid = id.trim_start_matches("nv-");
+                text.lines().any(|l| {
+                    l.starts_with("DCGM_FI_DEV_GPU_UTIL")
+                        && l.contains(uuid)
+                        && l.contains("pod=\"trainer\"")
+                        && l.contains("namespace=\"default\"")
+                })
+            });
+            ok.then_some(text)
         },
     )
     .await?;
@@ -346,10 +341,7 @@ async fn device_plugin_registers_under_orchestrator_unified_name() -> anyhow::Re
         "registered under the orchestrator's unified name",
         Duration::from_secs(30),
         Duration::from_millis(20),
-        || {
-            let c = dm.capacity().ok().filter(|c| has(c, UNIFIED));
-            async move { c }
-        },
+        async || dm.capacity().ok().filter(|c| has(c, UNIFIED)),
     )
     .await?;
     assert!(
@@ -371,12 +363,10 @@ async fn device_plugin_registers_under_orchestrator_unified_name() -> anyhow::Re
         "plugin gone",
         Duration::from_secs(15),
         Duration::from_millis(50),
-        || {
-            let c = dm
-                .capacity()
+        async || {
+            dm.capacity()
                 .ok()
-                .filter(|c| c.allocatable.get(UNIFIED).copied().unwrap_or(0) == 0);
-            async move { c }
+                .filter(|c| c.allocatable.get(UNIFIED).copied().unwrap_or(0) == 0)
         },
     )
     .await?;
@@ -385,12 +375,10 @@ async fn device_plugin_registers_under_orchestrator_unified_name() -> anyhow::Re
         "re-registered from the name cache with the orchestrator down",
         Duration::from_secs(30),
         Duration::from_millis(20),
-        || {
-            let c = dm
-                .capacity()
+        async || {
+            dm.capacity()
                 .ok()
-                .filter(|c| has(c, UNIFIED) && c.allocatable.get(UNIFIED).copied() == Some(2));
-            async move { c }
+                .filter(|c| has(c, UNIFIED) && c.allocatable.get(UNIFIED).copied() == Some(2))
         },
     )
     .await?;

@@ -7,9 +7,10 @@
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use kudos_api::labels::GPU_MODEL as MODEL_LABEL;
-use kudos_e2e::nodes::{create_nodes, uniform_shapes};
+use kudos_e2e::nodes::{NodeShape, create_nodes, uniform_shapes};
 use kudos_e2e::orchestrator::Orchestrator;
 use kudos_e2e::paths::{kudos_bin, upstream_bin};
+use kudos_e2e::pods::{bound_node, unschedulable};
 use kudos_e2e::proc::wait_for;
 use kudos_e2e::telemetry::{completed_run, report_runs};
 use kudos_e2e::{ControlPlane, ControlPlaneOptions, ExtenderOptions, RunDir, require_bins};
@@ -40,49 +41,49 @@ fn pod(name: &str, class: Option<&str>, gpus: Option<u32>) -> Pod {
     .unwrap()
 }
 
-async fn bound_node(pods: &Api<Pod>, name: &str) -> anyhow::Result<String> {
-    wait_for(
-        &format!("pod {name} bound"),
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || {
-            let pods = pods.clone();
-            async move {
-                pods.get(name)
-                    .await
-                    .ok()
-                    .and_then(|p| p.spec.and_then(|s| s.node_name))
-            }
-        },
-    )
-    .await
+/// A control plane without a scheduler yet, `shapes` as its Nodes and an orchestrator that
+/// knows them.
+struct Setup {
+    run: RunDir,
+    cp: ControlPlane,
+    orch: Orchestrator,
+    ext: ExtenderOptions,
+    pods: Api<Pod>,
 }
 
-async fn unschedulable_message(pods: &Api<Pod>, name: &str) -> anyhow::Result<String> {
-    wait_for(
-        &format!("pod {name} unschedulable"),
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || {
-            let pods = pods.clone();
-            async move {
-                let p = pods.get(name).await.ok()?;
-                let c = p
-                    .status?
-                    .conditions?
-                    .into_iter()
-                    .find(|c| c.type_ == "PodScheduled")?;
-                (c.status == "False").then(|| {
-                    format!(
-                        "{}: {}",
-                        c.reason.unwrap_or_default(),
-                        c.message.unwrap_or_default()
-                    )
-                })
-            }
-        },
-    )
-    .await
+/// Starts a [`Setup`]; `None` (the test skips) when the binaries are missing.
+async fn start(test: &str, run: &str, shapes: &[NodeShape]) -> anyhow::Result<Option<Setup>> {
+    let bins = [
+        upstream_bin("etcd"),
+        upstream_bin("kube-apiserver"),
+        upstream_bin("kube-scheduler"),
+        kudos_bin("kudos-orchestrator"),
+    ];
+    if !require_bins(test, &bins) {
+        return Ok(None);
+    }
+    let run = RunDir::new(run)?;
+    let cp = ControlPlane::start(&run, ControlPlaneOptions::default()).await?;
+    create_nodes(&cp.client, shapes, "kudos.dev/gpu").await?;
+    let names: Vec<String> = shapes.iter().map(|s| s.name.clone()).collect();
+    let orch = Orchestrator::start(run.path(), Some(&cp.kubeconfig), &names, &[]).await?;
+    let ext = ExtenderOptions::kudos(orch.extender_url());
+    let pods = Api::namespaced(cp.client.clone(), "default");
+    Ok(Some(Setup {
+        run,
+        cp,
+        orch,
+        ext,
+        pods,
+    }))
+}
+
+/// GPU model by node name.
+fn model_of(shapes: &[NodeShape]) -> BTreeMap<String, String> {
+    shapes
+        .iter()
+        .map(|s| (s.name.clone(), s.model.clone()))
+        .collect()
 }
 
 /// The smallest predicted seconds among T4 nodes and among the other nodes in an `/explain`.
@@ -103,10 +104,7 @@ fn fastest_by_model(ex: &serde_json::Value, model_of: &BTreeMap<String, String>)
 }
 
 /// History: every node ran the class six times; T4 nodes took 100 s, P100 300 s, V100 400 s.
-async fn feed_history(
-    orch: &Orchestrator,
-    shapes: &[kudos_e2e::nodes::NodeShape],
-) -> anyhow::Result<()> {
+async fn feed_history(orch: &Orchestrator, shapes: &[NodeShape]) -> anyhow::Result<()> {
     let secs = |m: &str| match m {
         "T4" => 100.0,
         "P100" => 300.0,
@@ -134,28 +132,19 @@ async fn feed_history(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extender_steers_class_to_fastest_model_and_explain_agrees() -> anyhow::Result<()> {
-    let bins = [
-        upstream_bin("etcd"),
-        upstream_bin("kube-apiserver"),
-        upstream_bin("kube-scheduler"),
-        kudos_bin("kudos-orchestrator"),
-    ];
-    if !require_bins("extender_scheduling", &bins) {
-        return Ok(());
-    }
-    let run = RunDir::new("extender")?;
-    let mut cp = ControlPlane::start(&run, ControlPlaneOptions::default()).await?;
     let shapes = uniform_shapes(&MODELS, 3, 8);
-    create_nodes(&cp.client, &shapes, "kudos.dev/gpu").await?;
-    let model_of: BTreeMap<String, String> = shapes
-        .iter()
-        .map(|s| (s.name.clone(), s.model.clone()))
-        .collect();
-    let names: Vec<String> = shapes.iter().map(|s| s.name.clone()).collect();
-    let mut orch = Orchestrator::start(run.path(), Some(&cp.kubeconfig), &names, &[]).await?;
-    let mut ext = ExtenderOptions::kudos(orch.extender_url());
+    let Some(Setup {
+        run,
+        mut cp,
+        mut orch,
+        mut ext,
+        pods,
+    }) = start("extender_scheduling", "extender", &shapes).await?
+    else {
+        return Ok(());
+    };
+    let model_of = model_of(&shapes);
     cp.start_scheduler(50, Some(&ext))?;
-    let pods: Api<Pod> = Api::namespaced(cp.client.clone(), "default");
 
     // Pods without the managed resource never reach the extender; pods with it but without
     // a class get a neutral score and are bound.
@@ -255,7 +244,8 @@ async fn extender_steers_class_to_fastest_model_and_explain_agrees() -> anyhow::
         &pod("while-down", Some(CLASS), Some(1)),
     )
     .await?;
-    let msg = unschedulable_message(&pods, "while-down").await?;
+    let (reason, message) = unschedulable(&pods, "while-down", Duration::from_secs(60)).await?;
+    let msg = format!("{reason}: {message}");
     eprintln!("extender down: {msg}");
     assert!(
         msg.contains("extender") || msg.contains("connection refused") || msg.contains("Post"),
@@ -281,28 +271,19 @@ async fn extender_steers_class_to_fastest_model_and_explain_agrees() -> anyhow::
 /// on T4 nodes (a gang runs at the pace of its slowest member), and no node is overcommitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extender_gang_members_bind_to_reserved_slots() -> anyhow::Result<()> {
-    let bins = [
-        upstream_bin("etcd"),
-        upstream_bin("kube-apiserver"),
-        upstream_bin("kube-scheduler"),
-        kudos_bin("kudos-orchestrator"),
-    ];
-    if !require_bins("extender_gang", &bins) {
-        return Ok(());
-    }
-    let run = RunDir::new("extender-gang")?;
-    let mut cp = ControlPlane::start(&run, ControlPlaneOptions::default()).await?;
     let shapes = uniform_shapes(&MODELS, 3, 8);
-    create_nodes(&cp.client, &shapes, "kudos.dev/gpu").await?;
-    let model_of: BTreeMap<String, String> = shapes
-        .iter()
-        .map(|s| (s.name.clone(), s.model.clone()))
-        .collect();
-    let names: Vec<String> = shapes.iter().map(|s| s.name.clone()).collect();
-    let orch = Orchestrator::start(run.path(), Some(&cp.kubeconfig), &names, &[]).await?;
-    let ext = ExtenderOptions::kudos(orch.extender_url());
+    let Some(Setup {
+        run,
+        mut cp,
+        orch,
+        ext,
+        pods,
+    }) = start("extender_gang", "extender-gang", &shapes).await?
+    else {
+        return Ok(());
+    };
+    let model_of = model_of(&shapes);
     cp.start_scheduler(50, Some(&ext))?;
-    let pods: Api<Pod> = Api::namespaced(cp.client.clone(), "default");
     feed_history(&orch, &shapes).await?;
     // Every T4 node could hold two members (8 GPUs), so only the reservation keeps them apart.
     for i in 0..3 {
@@ -385,23 +366,17 @@ async fn extender_gang_members_bind_to_reserved_slots() -> anyhow::Result<()> {
 /// does not stop overcommit while binds are in flight.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extender_never_overcommits_devices() -> anyhow::Result<()> {
-    let bins = [
-        upstream_bin("etcd"),
-        upstream_bin("kube-apiserver"),
-        upstream_bin("kube-scheduler"),
-        kudos_bin("kudos-orchestrator"),
-    ];
-    if !require_bins("extender_overcommit", &bins) {
-        return Ok(());
-    }
-    let run = RunDir::new("extender-overcommit")?;
-    let mut cp = ControlPlane::start(&run, ControlPlaneOptions::default()).await?;
     let shapes = uniform_shapes(&["T4"], 3, 2);
-    create_nodes(&cp.client, &shapes, "kudos.dev/gpu").await?;
-    let names: Vec<String> = shapes.iter().map(|s| s.name.clone()).collect();
-    let orch = Orchestrator::start(run.path(), Some(&cp.kubeconfig), &names, &[]).await?;
-    let ext = ExtenderOptions::kudos(orch.extender_url());
-    let pods: Api<Pod> = Api::namespaced(cp.client.clone(), "default");
+    let Some(Setup {
+        run,
+        mut cp,
+        orch: _orch,
+        ext,
+        pods,
+    }) = start("extender_overcommit", "extender-overcommit", &shapes).await?
+    else {
+        return Ok(());
+    };
     for i in 0..10 {
         pods.create(
             &PostParams::default(),
@@ -414,32 +389,27 @@ async fn extender_never_overcommits_devices() -> anyhow::Result<()> {
         "6 bound and 4 unschedulable",
         Duration::from_secs(60),
         Duration::from_millis(250),
-        || {
-            let pods = pods.clone();
-            async move {
-                let list = pods.list(&Default::default()).await.ok()?;
-                let mut used = BTreeMap::<String, u32>::new();
-                let mut unschedulable = 0;
-                for p in &list.items {
-                    match p.spec.as_ref().and_then(|s| s.node_name.clone()) {
-                        Some(n) => *used.entry(n).or_default() += 1,
-                        None => {
-                            let c = p
-                                .status
-                                .as_ref()
-                                .and_then(|s| s.conditions.as_ref())
-                                .and_then(|c| {
-                                    c.iter().find(|c| c.type_ == "PodScheduled").cloned()
-                                });
-                            if c.is_some_and(|c| c.status == "False") {
-                                unschedulable += 1;
-                            }
+        async || {
+            let list = pods.list(&Default::default()).await.ok()?;
+            let mut used = BTreeMap::<String, u32>::new();
+            let mut unschedulable = 0;
+            for p in &list.items {
+                match p.spec.as_ref().and_then(|s| s.node_name.clone()) {
+                    Some(n) => *used.entry(n).or_default() += 1,
+                    None => {
+                        let c = p
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.conditions.as_ref())
+                            .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled").cloned());
+                        if c.is_some_and(|c| c.status == "False") {
+                            unschedulable += 1;
                         }
                     }
                 }
-                let bound: u32 = used.values().sum();
-                (bound + unschedulable == 10 && bound >= 6).then_some(used)
             }
+            let bound: u32 = used.values().sum();
+            (bound + unschedulable == 10 && bound >= 6).then_some(used)
         },
     )
     .await?;

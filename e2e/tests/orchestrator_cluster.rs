@@ -32,10 +32,7 @@ async fn wait_state(
         what,
         Duration::from_secs(30),
         Duration::from_millis(100),
-        || {
-            let s = state(o).filter(|s| f(s));
-            async move { s }
-        },
+        async || state(o).filter(|s| f(s)),
     )
     .await
 }
@@ -144,19 +141,16 @@ async fn orchestrator_inventory_registry_and_configmap_store() -> anyhow::Result
         "state ConfigMap mentions node-t4-0",
         Duration::from_secs(30),
         Duration::from_millis(200),
-        || {
-            let cms = cms.clone();
-            async move {
-                let cm = cms
-                    .get_opt("kudos-orchestrator-state")
-                    .await
-                    .ok()
-                    .flatten()?;
-                serde_json::to_string(&cm.data)
-                    .ok()?
-                    .contains("node-t4-0")
-                    .then_some(cm)
-            }
+        async || {
+            let cm = cms
+                .get_opt("kudos-orchestrator-state")
+                .await
+                .ok()
+                .flatten()?;
+            serde_json::to_string(&cm.data)
+                .ok()?
+                .contains("node-t4-0")
+                .then_some(cm)
         },
     )
     .await?;

@@ -58,14 +58,10 @@ async fn two_real_nodes_run_containers_and_leave_the_host_clean() -> anyhow::Res
             &format!("{name} finished"),
             Duration::from_secs(120),
             Duration::from_millis(250),
-            || {
-                let pods = pods.clone();
-                let name = name.clone();
-                async move {
-                    let p = pods.get_opt(&name).await.ok().flatten()?;
-                    let ph = p.status?.phase?;
-                    (ph == "Succeeded" || ph == "Failed").then_some(ph)
-                }
+            async || {
+                let p = pods.get_opt(&name).await.ok().flatten()?;
+                let ph = p.status?.phase?;
+                (ph == "Succeeded" || ph == "Failed").then_some(ph)
             },
         )
         .await?;

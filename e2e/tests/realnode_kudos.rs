@@ -141,13 +141,10 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
             &format!("{n}: allocatable {RES} = {}", gpus::GPUS_PER_NODE),
             Duration::from_secs(120),
             Duration::from_millis(500),
-            || {
-                let nodes = nodes.clone();
-                async move {
-                    let node = nodes.get_opt(n).await.ok().flatten()?;
-                    let q = node.status?.allocatable?.get(RES)?.0.clone();
-                    (q == gpus::GPUS_PER_NODE.to_string()).then_some(())
-                }
+            async || {
+                let node = nodes.get_opt(n).await.ok().flatten()?;
+                let q = node.status?.allocatable?.get(RES)?.0.clone();
+                (q == gpus::GPUS_PER_NODE.to_string()).then_some(())
             },
         )
         .await?;
@@ -171,21 +168,18 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
         "every job finished",
         Duration::from_secs(600),
         Duration::from_secs(1),
-        || {
-            let pods = pods.clone();
-            async move {
-                let list = pods.list(&ListParams::default()).await.ok()?;
-                let mut out = Vec::new();
-                for p in list.items {
-                    let st = p.status.clone()?;
-                    let phase = st.phase?;
-                    if phase != "Succeeded" && phase != "Failed" {
-                        return None;
-                    }
-                    out.push((p.metadata.name?, p.spec?.node_name?, phase));
+        async || {
+            let list = pods.list(&ListParams::default()).await.ok()?;
+            let mut out = Vec::new();
+            for p in list.items {
+                let st = p.status.clone()?;
+                let phase = st.phase?;
+                if phase != "Succeeded" && phase != "Failed" {
+                    return None;
                 }
-                (out.len() == JOBS).then_some(out)
+                out.push((p.metadata.name?, p.spec?.node_name?, phase));
             }
+            (out.len() == JOBS).then_some(out)
         },
     )
     .await?;
@@ -272,21 +266,16 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
         "a new orchestrator pod serving",
         Duration::from_secs(120),
         Duration::from_millis(500),
-        || {
-            let orch_pods = orch_pods.clone();
-            let lp = lp.clone();
-            let old = old.clone();
-            async move {
-                let l = orch_pods.list(&lp).await.ok()?;
-                let fresh = l.items.iter().any(|p| {
-                    p.metadata.uid.as_ref().is_some_and(|u| !old.contains(u))
-                        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                });
-                (fresh
-                    && http::request("GET", ORCHESTRATOR_HTTP, "/readyz", None)
-                        .is_ok_and(|r| r.status == 200))
-                .then_some(())
-            }
+        async || {
+            let l = orch_pods.list(&lp).await.ok()?;
+            let fresh = l.items.iter().any(|p| {
+                p.metadata.uid.as_ref().is_some_and(|u| !old.contains(u))
+                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            });
+            (fresh
+                && http::request("GET", ORCHESTRATOR_HTTP, "/readyz", None)
+                    .is_ok_and(|r| r.status == 200))
+            .then_some(())
         },
     )
     .await?;

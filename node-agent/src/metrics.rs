@@ -351,42 +351,9 @@ impl Metrics {
         s
     }
 
-    /// The Prometheus text format 0.0.4 (what `curl` and `promtool check metrics` expect):
-    /// the OpenMetrics exposition with counter families named by their `_total` samples and
-    /// without the OpenMetrics-only `# UNIT` and `# EOF` lines.
+    /// The Prometheus text format 0.0.4 (what `curl` and `promtool check metrics` expect).
     pub fn render_prometheus(&self) -> String {
-        let om = self.render();
-        let counters: std::collections::HashSet<&str> = om
-            .lines()
-            .filter_map(|l| l.strip_prefix("# TYPE "))
-            .filter_map(|l| l.strip_suffix(" counter"))
-            .collect();
-        let mut out = String::with_capacity(om.len() + 256);
-        for line in om.lines() {
-            if line == "# EOF" || line.starts_with("# UNIT ") {
-                continue;
-            }
-            let meta = ["# HELP ", "# TYPE "]
-                .into_iter()
-                .find(|p| line.starts_with(p));
-            match meta {
-                Some(prefix) => {
-                    let rest = &line[prefix.len()..];
-                    let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
-                    if counters.contains(name) {
-                        out.push_str(&format!("{prefix}{name}_total {tail}\n"));
-                    } else {
-                        out.push_str(line);
-                        out.push('\n');
-                    }
-                }
-                None => {
-                    out.push_str(line);
-                    out.push('\n');
-                }
-            }
-        }
-        out
+        kudos_common::exposition::prometheus_text(&self.render())
     }
 
     /// Milliseconds since the Unix epoch of the last sampling round.
@@ -415,27 +382,9 @@ pub fn router(state: HttpState) -> Router {
 /// OpenMetrics when the scraper asks for it (Prometheus does), the classic text format
 /// otherwise.
 async fn metrics(State(s): State<HttpState>, headers: axum::http::HeaderMap) -> impl IntoResponse {
-    let accept = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if accept.contains("application/openmetrics-text") {
-        (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            s.metrics.render(),
-        )
-    } else {
-        (
-            [(
-                header::CONTENT_TYPE,
-                "text/plain; version=0.0.4; charset=utf-8",
-            )],
-            s.metrics.render_prometheus(),
-        )
-    }
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (content_type, body) = kudos_common::exposition::negotiate(accept, s.metrics.render());
+    ([(header::CONTENT_TYPE, content_type)], body)
 }
 
 async fn healthz(State(s): State<HttpState>) -> impl IntoResponse {

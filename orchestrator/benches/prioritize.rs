@@ -9,21 +9,22 @@
 //!
 //! Run: `cargo bench -p kudos-orchestrator --bench prioritize` (optional args: node counts).
 
-use kudos_orchestrator::extender::bind::LocalBinder;
-use kudos_orchestrator::extender::ledger::Ledger;
+// The integration tests' fixtures: the same index and extender wiring.
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use common::{UNIFIED, empty_index, mk_extender};
 use kudos_orchestrator::extender::types::ExtenderArgs;
-use kudos_orchestrator::extender::{ExplainCache, Extender};
 use kudos_orchestrator::http::{HttpLimits, HttpState, router};
-use kudos_orchestrator::index::{Index, SharedIndex};
+use kudos_orchestrator::index::SharedIndex;
 use kudos_orchestrator::metrics::Metrics;
 use kudos_orchestrator::state::{DeviceRecord, PluginConfig, RunOutcome, StoredRun, VendorEntry};
-use kudos_scheduler_core::{PodSpec, Scheduler, SchedulerConfig};
+use kudos_scheduler_core::PodSpec;
 use parking_lot::RwLock;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const UNIFIED: &str = "kudos.dev/gpu";
 const MODELS: [(&str, &str); 5] = [
     ("nvidia", "NVIDIA H100 80GB HBM3"),
     ("nvidia", "NVIDIA A100-SXM4-80GB"),
@@ -33,12 +34,7 @@ const MODELS: [(&str, &str); 5] = [
 ];
 
 fn index(nodes: usize) -> SharedIndex {
-    let mut idx = Index::new(
-        UNIFIED,
-        120.0,
-        Scheduler::new(SchedulerConfig::default()),
-        false,
-    );
+    let mut idx = empty_index();
     let mut cfg = PluginConfig::default();
     for i in 0..nodes {
         let (vendor, model) = MODELS[i % MODELS.len()];
@@ -160,25 +156,9 @@ fn main() {
     for n in counts {
         let index = index(n);
         let metrics = Arc::new(Metrics::new());
-        let extender = Extender {
-            index: index.clone(),
-            ledger: Ledger::new(false),
-            explain: ExplainCache::default(),
-            binder: Arc::new(LocalBinder),
-            metrics: metrics.clone(),
-            unified: UNIFIED.into(),
-            last_filter: Default::default(),
-        };
+        let extender = mk_extender(index.clone(), metrics.clone());
         let state = Arc::new(HttpState::new(
-            Extender {
-                index: index.clone(),
-                ledger: Ledger::new(false),
-                explain: ExplainCache::default(),
-                binder: Arc::new(LocalBinder),
-                metrics: metrics.clone(),
-                unified: UNIFIED.into(),
-                last_filter: Default::default(),
-            },
+            mk_extender(index.clone(), metrics.clone()),
             index.clone(),
             metrics,
         ));

@@ -230,22 +230,12 @@ async fn readyz(State(s): St) -> Result<&'static str, AppError> {
 /// OpenMetrics when the scraper asks for it (Prometheus does), else Prometheus text 0.0.4.
 async fn metrics(State(s): St, headers: axum::http::HeaderMap) -> Result<Response, AppError> {
     let _permit = heavy(&s)?;
-    let openmetrics = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("application/openmetrics-text"));
-    let (ct, text) = if openmetrics {
-        (
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            s.metrics.encode(),
-        )
-    } else {
-        (
-            "text/plain; version=0.0.4; charset=utf-8",
-            s.metrics.encode_prometheus_text(),
-        )
-    };
-    let text = text.map_err(|e| AppError::Internal(e.to_string()))?;
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let openmetrics = s
+        .metrics
+        .encode()
+        .map_err(|e| AppError::Internal(e.to_string()))?;
+    let (ct, text) = kudos_common::exposition::negotiate(accept, openmetrics);
     Ok(([(header::CONTENT_TYPE, ct)], text).into_response())
 }
 

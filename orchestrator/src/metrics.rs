@@ -209,34 +209,4 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
     }
-
-    /// Prometheus text format 0.0.4, for scrapers and tools (promtool) that do not speak
-    /// OpenMetrics: the same samples, with counter metadata named after the `_total` sample
-    /// and no `# EOF`.
-    pub fn encode_prometheus_text(&self) -> Result<String, std::fmt::Error> {
-        let om = self.encode()?;
-        let counters: std::collections::HashSet<&str> = om
-            .lines()
-            .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
-            .collect();
-        let mut out = String::with_capacity(om.len());
-        for line in om.lines() {
-            if line == "# EOF" {
-                continue;
-            }
-            let meta = ["# HELP ", "# TYPE "].into_iter().find_map(|p| {
-                let rest = line.strip_prefix(p)?;
-                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
-                counters
-                    .contains(name)
-                    .then(|| format!("{p}{name}_total {tail}"))
-            });
-            match meta {
-                Some(m) => out.push_str(m.trim_end()),
-                None => out.push_str(line),
-            }
-            out.push('\n');
-        }
-        Ok(out)
-    }
 }

@@ -59,13 +59,7 @@ fn matches(expected: &Value, actual: &Value, path: &str) -> Result<(), String> {
 
 async fn check_golden(verb: &str, case: &str) -> Value {
     let req = std::fs::read(golden(&format!("{case}.request.json"))).unwrap();
-    let (status, actual) = call(
-        mk_app(standard_index()),
-        "POST",
-        &format!("/kudos/v1/{verb}"),
-        req,
-    )
-    .await;
+    let (status, actual) = post(&mk_app(standard_index()), &format!("/kudos/v1/{verb}"), req).await;
     assert_eq!(status, StatusCode::OK, "{case}: {actual}");
     let path = golden(&format!("{case}.response.json"));
     if std::env::var_os("KUDOS_UPDATE_GOLDEN").is_some() {
@@ -140,16 +134,10 @@ async fn permanent_rejections_are_unresolvable() {
     // Fill amd-busy: it has enough devices in total, just none free now.
     let bind = serde_json::json!({"PodName": "first", "PodNamespace": "default",
         "PodUID": "uid-first", "Node": "amd-busy"});
-    call(app.clone(), "POST", "/kudos/v1/filter", filter("first")).await;
-    let (_, v) = call(
-        app.clone(),
-        "POST",
-        "/kudos/v1/bind",
-        serde_json::to_vec(&bind).unwrap(),
-    )
-    .await;
+    post(&app, "/kudos/v1/filter", filter("first")).await;
+    let (_, v) = post(&app, "/kudos/v1/bind", serde_json::to_vec(&bind).unwrap()).await;
     assert_eq!(v["Error"], "", "{v}");
-    let (_, v) = call(app, "POST", "/kudos/v1/filter", filter("second")).await;
+    let (_, v) = post(&app, "/kudos/v1/filter", filter("second")).await;
     assert_eq!(v["NodeNames"], serde_json::json!(["amd-ok"]), "{v}");
     let keys = |k: &str| {
         let mut ks: Vec<String> = v[k].as_object().unwrap().keys().cloned().collect();
@@ -209,33 +197,15 @@ async fn bind_counts_against_free_devices() {
     for i in 0..2 {
         let name = format!("p{i}");
         let body = serde_json::json!({"Pod": pod_json(&name, Some("resnet50"), 1), "NodeNames": ["gpu-c"]});
-        let (_, v) = call(
-            app.clone(),
-            "POST",
-            "/kudos/v1/filter",
-            serde_json::to_vec(&body).unwrap(),
-        )
-        .await;
+        let (_, v) = post(&app, "/kudos/v1/filter", serde_json::to_vec(&body).unwrap()).await;
         assert_eq!(v["NodeNames"], serde_json::json!(["gpu-c"]), "{v}");
         let bind = serde_json::json!({"PodName": name, "PodNamespace": "default", "PodUID": format!("uid-{name}"), "Node": "gpu-c"});
-        let (_, v) = call(
-            app.clone(),
-            "POST",
-            "/kudos/v1/bind",
-            serde_json::to_vec(&bind).unwrap(),
-        )
-        .await;
+        let (_, v) = post(&app, "/kudos/v1/bind", serde_json::to_vec(&bind).unwrap()).await;
         assert_eq!(v["Error"], "");
     }
     let body =
         serde_json::json!({"Pod": pod_json("p2", Some("resnet50"), 1), "NodeNames": ["gpu-c"]});
-    let (_, v) = call(
-        app.clone(),
-        "POST",
-        "/kudos/v1/filter",
-        serde_json::to_vec(&body).unwrap(),
-    )
-    .await;
+    let (_, v) = post(&app, "/kudos/v1/filter", serde_json::to_vec(&body).unwrap()).await;
     assert_eq!(v["NodeNames"], serde_json::json!([]), "{v}");
     assert!(v["FailedNodes"]["gpu-c"].is_string());
 }
@@ -243,11 +213,11 @@ async fn bind_counts_against_free_devices() {
 #[tokio::test]
 async fn explain_returns_last_ranking() {
     let app = mk_app(standard_index());
-    let (s, _) = call(app.clone(), "GET", "/explain/default/train-1", vec![]).await;
+    let (s, _) = get(&app, "/explain/default/train-1").await;
     assert_eq!(s, StatusCode::NOT_FOUND);
     let req = std::fs::read(golden("prioritize_nodenames.request.json")).unwrap();
-    call(app.clone(), "POST", "/kudos/v1/prioritize", req).await;
-    let (s, v) = call(app, "GET", "/explain/default/train-1", vec![]).await;
+    post(&app, "/kudos/v1/prioritize", req).await;
+    let (s, v) = get(&app, "/explain/default/train-1").await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(v["verb"], "prioritize");
     let entries = v["ranking"]["entries"].as_array().unwrap();
@@ -272,90 +242,47 @@ async fn prioritize_reuses_the_filter_ranking_until_something_changes() {
         .unwrap()
     };
     let verb = |v: &Value| v["verb"].as_str().unwrap().to_owned();
-    let (_, f) = call(
-        app.clone(),
-        "POST",
+    let (_, f) = post(
+        &app,
         "/kudos/v1/filter",
         args(&["gpu-a", "gpu-b", "gpu-stale"]),
     )
     .await;
     assert_eq!(f["NodeNames"], serde_json::json!(["gpu-a", "gpu-b"]));
-    let (_, p1) = call(
-        app.clone(),
-        "POST",
-        "/kudos/v1/prioritize",
-        args(&["gpu-a", "gpu-b"]),
-    )
-    .await;
-    let (_, e) = call(app.clone(), "GET", "/explain/default/r", vec![]).await;
+    let (_, p1) = post(&app, "/kudos/v1/prioritize", args(&["gpu-a", "gpu-b"])).await;
+    let (_, e) = get(&app, "/explain/default/r").await;
     assert_eq!(
         verb(&e),
         "filter",
         "same pod, same passed nodes, nothing changed: reused"
     );
     // Another node set: ranked afresh, same scores for the same nodes.
-    let (_, p2) = call(
-        app.clone(),
-        "POST",
-        "/kudos/v1/prioritize",
-        args(&["gpu-b", "gpu-a"]),
-    )
-    .await;
-    let (_, e) = call(app.clone(), "GET", "/explain/default/r", vec![]).await;
+    let (_, p2) = post(&app, "/kudos/v1/prioritize", args(&["gpu-b", "gpu-a"])).await;
+    let (_, e) = get(&app, "/explain/default/r").await;
     assert_eq!(verb(&e), "filter", "order does not matter");
     assert_eq!(p1[0]["Score"], p2[1]["Score"]);
-    let (_, _) = call(
-        app.clone(),
-        "POST",
-        "/kudos/v1/prioritize",
-        args(&["gpu-a"]),
-    )
-    .await;
-    let (_, e) = call(app.clone(), "GET", "/explain/default/r", vec![]).await;
+    let (_, _) = post(&app, "/kudos/v1/prioritize", args(&["gpu-a"])).await;
+    let (_, e) = get(&app, "/explain/default/r").await;
     assert_eq!(
         verb(&e),
         "prioritize",
         "a different node set is ranked again"
     );
     // A bind in between invalidates the reuse.
-    call(
-        app.clone(),
-        "POST",
-        "/kudos/v1/filter",
-        args(&["gpu-a", "gpu-b"]),
-    )
-    .await;
+    post(&app, "/kudos/v1/filter", args(&["gpu-a", "gpu-b"])).await;
     let bind = serde_json::json!({"PodName": "other", "PodNamespace": "default", "PodUID": "uid-other", "Node": "gpu-a"});
-    call(
-        app.clone(),
-        "POST",
-        "/kudos/v1/bind",
-        serde_json::to_vec(&bind).unwrap(),
-    )
-    .await;
-    call(
-        app.clone(),
-        "POST",
-        "/kudos/v1/prioritize",
-        args(&["gpu-a", "gpu-b"]),
-    )
-    .await;
-    let (_, e) = call(app, "GET", "/explain/default/r", vec![]).await;
+    post(&app, "/kudos/v1/bind", serde_json::to_vec(&bind).unwrap()).await;
+    post(&app, "/kudos/v1/prioritize", args(&["gpu-a", "gpu-b"])).await;
+    let (_, e) = get(&app, "/explain/default/r").await;
     assert_eq!(verb(&e), "prioritize");
 }
 
 #[tokio::test]
 async fn body_limit_and_bad_json() {
     let app = mk_app(standard_index());
-    let (s, _) = call(
-        app.clone(),
-        "POST",
-        "/kudos/v1/filter",
-        b"{not json".to_vec(),
-    )
-    .await;
+    let (s, _) = post(&app, "/kudos/v1/filter", b"{not json".to_vec()).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
-    let (s, _) = call(app, "POST", "/kudos/v1/filter", vec![b' '; 2 << 20]).await;
+    let (s, _) = post(&app, "/kudos/v1/filter", vec![b' '; 2 << 20]).await;
     assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
 }
 
@@ -371,29 +298,26 @@ async fn readiness_waits_for_the_index() {
     );
     let index = std::sync::Arc::new(parking_lot::RwLock::new(idx));
     let app = mk_app(index.clone());
+    assert_eq!(get(&app, "/healthz").await.0, StatusCode::OK);
     assert_eq!(
-        call(app.clone(), "GET", "/healthz", vec![]).await.0,
-        StatusCode::OK
-    );
-    assert_eq!(
-        call(app.clone(), "GET", "/readyz", vec![]).await.0,
+        get(&app, "/readyz").await.0,
         StatusCode::SERVICE_UNAVAILABLE
     );
     let req = std::fs::read(golden("filter_nodenames.request.json")).unwrap();
     assert_eq!(
-        call(app.clone(), "POST", "/kudos/v1/filter", req).await.0,
+        post(&app, "/kudos/v1/filter", req).await.0,
         StatusCode::SERVICE_UNAVAILABLE
     );
     index.write().reset_nodes(vec![]);
     index.write().reset_pods(&[]);
-    assert_eq!(call(app, "GET", "/readyz", vec![]).await.0, StatusCode::OK);
+    assert_eq!(get(&app, "/readyz").await.0, StatusCode::OK);
 }
 
 #[tokio::test]
 async fn metrics_pass_promtool() {
     let app = mk_app(standard_index());
     let req = std::fs::read(golden("filter_nodenames.request.json")).unwrap();
-    call(app.clone(), "POST", "/kudos/v1/filter", req).await;
+    post(&app, "/kudos/v1/filter", req).await;
     let resp = app
         .oneshot(
             Request::builder()
@@ -453,7 +377,7 @@ proptest! {
                 body["NodeNames"] = serde_json::json!(names);
             }
             let bytes = serde_json::to_vec(&body).unwrap();
-            let (s, v) = call(app.clone(), "POST", "/kudos/v1/filter", bytes.clone()).await;
+            let (s, v) = post(&app, "/kudos/v1/filter", bytes.clone()).await;
             prop_assert_eq!(s, StatusCode::OK);
             let passed: Vec<String> = if nodes_form {
                 v["Nodes"]["items"].as_array().unwrap().iter().map(|n| n["metadata"]["name"].as_str().unwrap().to_owned()).collect()
@@ -469,7 +393,7 @@ proptest! {
                 let failed = v["FailedNodes"].get(n).is_some() || v["FailedAndUnresolvableNodes"].get(n).is_some();
                 prop_assert!(passed.contains(n) || failed, "{} neither passed nor failed", n);
             }
-            let (s, v) = call(app, "POST", "/kudos/v1/prioritize", bytes).await;
+            let (s, v) = post(&app, "/kudos/v1/prioritize", bytes).await;
             prop_assert_eq!(s, StatusCode::OK);
             let list = v.as_array().unwrap();
             prop_assert_eq!(list.len(), names.len());

@@ -12,19 +12,13 @@ async fn gang_is_reserved_and_steered() {
     pod["metadata"]["annotations"] =
         serde_json::json!({"kudos.dev/gang-name": "job", "kudos.dev/gang-size": "2"});
     let body = serde_json::json!({"Pod": pod, "NodeNames": ["gpu-a", "gpu-b", "gpu-c"]});
-    let (_, v) = call(
-        app.clone(),
-        "POST",
-        "/kudos/v1/filter",
-        serde_json::to_vec(&body).unwrap(),
-    )
-    .await;
+    let (_, v) = post(&app, "/kudos/v1/filter", serde_json::to_vec(&body).unwrap()).await;
     let passed: Vec<String> = serde_json::from_value(v["NodeNames"].clone()).unwrap();
     assert!(
         !passed.is_empty() && !passed.contains(&"gpu-c".to_owned()),
         "{v}"
     );
-    let (_, st) = call(app.clone(), "GET", "/state", vec![]).await;
+    let (_, st) = get(&app, "/state").await;
     let slots = st["gangReservations"]["default/job"]["slots"]
         .as_array()
         .unwrap();
@@ -35,9 +29,8 @@ async fn gang_is_reserved_and_steered() {
         slots.iter().any(|s| s["node"] == passed[0].as_str()),
         "{st}"
     );
-    let (_, v) = call(
-        app,
-        "POST",
+    let (_, v) = post(
+        &app,
         "/kudos/v1/prioritize",
         serde_json::to_vec(&body).unwrap(),
     )
@@ -64,12 +57,12 @@ async fn gang_members_in_flight_get_distinct_slots_and_bind_honours_them() {
     let mut chosen = Vec::new();
     for i in 0..3 {
         let body = serde_json::to_vec(&member(i)).unwrap();
-        let (_, v) = call(app.clone(), "POST", "/kudos/v1/filter", body).await;
+        let (_, v) = post(&app, "/kudos/v1/filter", body).await;
         let passed: Vec<String> = serde_json::from_value(v["NodeNames"].clone()).unwrap();
         assert_eq!(passed.len(), 1, "member {i} steered to one slot: {v}");
         chosen.push(passed[0].clone());
     }
-    let (_, st) = call(app.clone(), "GET", "/state", vec![]).await;
+    let (_, st) = get(&app, "/state").await;
     let mut slots: Vec<String> = st["gangReservations"]["default/job"]["slots"]
         .as_array()
         .unwrap()
@@ -90,7 +83,7 @@ async fn gang_members_in_flight_get_distinct_slots_and_bind_honours_them() {
     // Each member bound to another member's node: refused (that node has no slot for it).
     for i in 0..3 {
         if let Some(wrong) = chosen.iter().find(|n| **n != chosen[i]) {
-            let (_, v) = call(app.clone(), "POST", "/kudos/v1/bind", bind(i, wrong)).await;
+            let (_, v) = post(&app, "/kudos/v1/bind", bind(i, wrong)).await;
             assert!(
                 v["Error"].as_str().unwrap().contains("no open slot"),
                 "member {i} on {wrong}: {v}"
@@ -98,10 +91,10 @@ async fn gang_members_in_flight_get_distinct_slots_and_bind_honours_them() {
         }
     }
     for (i, node) in chosen.iter().enumerate() {
-        let (_, v) = call(app.clone(), "POST", "/kudos/v1/bind", bind(i, node)).await;
+        let (_, v) = post(&app, "/kudos/v1/bind", bind(i, node)).await;
         assert_eq!(v["Error"], "", "member {i} on {node}");
     }
-    let (_, st) = call(app, "GET", "/state", vec![]).await;
+    let (_, st) = get(&app, "/state").await;
     let bound = st["gangReservations"]["default/job"]["bound"]
         .as_array()
         .unwrap();

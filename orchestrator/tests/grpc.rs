@@ -5,8 +5,7 @@ mod common;
 
 use common::*;
 use futures::future::BoxFuture;
-use kudos_orchestrator::auth::StaticAuthenticator;
-use kudos_orchestrator::grpc::{Ingest, Services};
+use kudos_orchestrator::grpc::Services;
 use kudos_orchestrator::index::SharedIndex;
 use kudos_orchestrator::metrics::Metrics;
 use kudos_orchestrator::state::{PluginConfig, StoredRun};
@@ -52,6 +51,20 @@ struct Server {
     _dir: tempfile::TempDir,
 }
 
+impl Server {
+    async fn registry(&self) -> RegistryServiceClient<tonic::transport::Channel> {
+        RegistryServiceClient::connect(self.addr.clone())
+            .await
+            .unwrap()
+    }
+
+    async fn telemetry(&self) -> TelemetryServiceClient<tonic::transport::Channel> {
+        TelemetryServiceClient::connect(self.addr.clone())
+            .await
+            .unwrap()
+    }
+}
+
 async fn start(gate: Option<Arc<Semaphore>>) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let file = FileStore::open(&dir.path().join("s.redb")).unwrap();
@@ -60,29 +73,8 @@ async fn start(gate: Option<Arc<Semaphore>>) -> Server {
         None => Arc::new(file),
     };
     let index = mk_index(&[]);
-    let auth = StaticAuthenticator::new(
-        [
-            ("t-n1".to_owned(), "n1".to_owned()),
-            ("t-n2".to_owned(), "n2".to_owned()),
-        ]
-        .into(),
-    );
-    // No drain in these tests: a dropped sender never signals one.
-    let (_, draining) = tokio::sync::watch::channel(false);
     let metrics = Arc::new(Metrics::new());
-    let server_metrics = metrics.clone();
-    let ingest = Arc::new(Ingest {
-        runs: run_writer(store.clone(), index.clone(), metrics.clone()),
-        index: index.clone(),
-        store: store.clone(),
-        auth: Arc::new(auth),
-        metrics,
-        unified: UNIFIED.into(),
-        heartbeat_max_age: 120.0,
-        lock: tokio::sync::Mutex::new(()),
-        draining,
-        plugin_updates: tokio::sync::watch::Sender::new(Default::default()),
-    });
+    let ingest = ingest(index.clone(), store.clone(), &["n1", "n2"], metrics.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = format!("http://{}", listener.local_addr().unwrap());
     let svc = Services(ingest);
@@ -95,42 +87,36 @@ async fn start(gate: Option<Arc<Semaphore>>) -> Server {
     Server {
         addr,
         index,
-        metrics: server_metrics,
+        metrics,
         store,
         _dir: dir,
     }
 }
 
+/// `ReportPlugin` for n1 with its token: `devices` devices, all `healthy` or none.
+async fn report_n1_plugin(
+    c: &mut RegistryServiceClient<tonic::transport::Channel>,
+    devices: usize,
+    healthy: bool,
+) -> pb::ReportPluginResponse {
+    c.report_plugin(with_token(plugin("n1", devices, healthy), Some("t-n1")))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 #[tokio::test]
 async fn registry_rewrites_name_and_bumps_generation_only_on_change() {
     let s = start(None).await;
-    let mut c = RegistryServiceClient::connect(s.addr.clone())
-        .await
-        .unwrap();
-    let r = c
-        .report_plugin(with_token(plugin("n1", 2, true), Some("t-n1")))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut c = s.registry().await;
+    let r = report_n1_plugin(&mut c, 2, true).await;
     assert_eq!(r.unified_resource_name, UNIFIED);
     assert_eq!(r.generation, 1);
-    let r = c
-        .report_plugin(with_token(plugin("n1", 2, true), Some("t-n1")))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = report_n1_plugin(&mut c, 2, true).await;
     assert_eq!(r.generation, 1, "same report, same generation");
-    let r = c
-        .report_plugin(with_token(plugin("n1", 2, false), Some("t-n1")))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = report_n1_plugin(&mut c, 2, false).await;
     assert_eq!(r.generation, 1, "health is not configuration");
-    let r = c
-        .report_plugin(with_token(plugin("n1", 3, true), Some("t-n1")))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = report_n1_plugin(&mut c, 3, true).await;
     assert_eq!(r.generation, 2);
     let stored = s.store.load().await.unwrap().plugin_config;
     assert_eq!(stored.generation, 2);
@@ -145,54 +131,38 @@ async fn registry_rewrites_name_and_bumps_generation_only_on_change() {
 #[tokio::test]
 async fn auth_refusals() {
     let s = start(None).await;
-    let mut reg = RegistryServiceClient::connect(s.addr.clone())
-        .await
-        .unwrap();
-    let mut tel = TelemetryServiceClient::connect(s.addr.clone())
-        .await
-        .unwrap();
-    let e = reg
-        .report_plugin(with_token(plugin("n1", 1, true), None))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::Unauthenticated, "{e}");
-    let e = reg
-        .report_plugin(with_token(plugin("n1", 1, true), Some("nope")))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::Unauthenticated, "{e}");
-    let e = reg
-        .report_plugin(with_token(plugin("n1", 1, true), Some("t-n2")))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::PermissionDenied, "{e}");
-    assert!(e.message().contains("may only report about itself"), "{e}");
+    let mut reg = s.registry().await;
+    let mut tel = s.telemetry().await;
+    // A missing or unknown token is refused; another node's token may not speak for n1.
+    let refusals = |bad: &'static str| {
+        [
+            (None, Code::Unauthenticated),
+            (Some(bad), Code::Unauthenticated),
+            (Some("t-n2"), Code::PermissionDenied),
+        ]
+    };
+    for (token, code) in refusals("nope") {
+        let e = reg
+            .report_plugin(with_token(plugin("n1", 1, true), token))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), code, "{e}");
+        if code == Code::PermissionDenied {
+            assert!(e.message().contains("may only report about itself"), "{e}");
+        }
+    }
 
     let hb = |node: &str| pb::HeartbeatRequest {
         node: node.into(),
         ..Default::default()
     };
-    assert_eq!(
-        tel.heartbeat(with_token(hb("n1"), None))
+    for (token, code) in refusals("bad") {
+        let e = tel
+            .heartbeat(with_token(hb("n1"), token))
             .await
-            .unwrap_err()
-            .code(),
-        Code::Unauthenticated
-    );
-    assert_eq!(
-        tel.heartbeat(with_token(hb("n1"), Some("bad")))
-            .await
-            .unwrap_err()
-            .code(),
-        Code::Unauthenticated
-    );
-    assert_eq!(
-        tel.heartbeat(with_token(hb("n1"), Some("t-n2")))
-            .await
-            .unwrap_err()
-            .code(),
-        Code::PermissionDenied
-    );
+            .unwrap_err();
+        assert_eq!(e.code(), code);
+    }
     let ok = tel
         .heartbeat(with_token(hb("n1"), Some("t-n1")))
         .await
@@ -280,16 +250,11 @@ async fn acks_follow_persistence_and_duplicates_are_recognised() {
 
 /// Opens a report stream for node n1 (after its plugin registered two devices).
 async fn stream_n1(s: &Server) -> (mpsc::Sender<pb::RunReport>, tonic::Streaming<pb::RunAck>) {
-    let mut reg = RegistryServiceClient::connect(s.addr.clone())
-        .await
-        .unwrap();
+    let mut reg = s.registry().await;
     reg.report_plugin(with_token(plugin("n1", 2, true), Some("t-n1")))
         .await
         .unwrap();
-    let mut tel = TelemetryServiceClient::connect(s.addr.clone())
-        .await
-        .unwrap()
-        .max_encoding_message_size(16 << 20);
+    let mut tel = s.telemetry().await.max_encoding_message_size(16 << 20);
     let (tx, rx) = mpsc::channel(8);
     let acks = tel
         .report_runs(with_token(ReceiverStream::new(rx), Some("t-n1")))
@@ -333,9 +298,7 @@ async fn implausible_run_times_are_rejected_and_counted() {
 #[tokio::test]
 async fn oversized_names_are_refused_on_entry() {
     let s = start(None).await;
-    let mut reg = RegistryServiceClient::connect(s.addr.clone())
-        .await
-        .unwrap();
+    let mut reg = s.registry().await;
     let mut p = plugin("n1", 1, true);
     p.devices[0].model = "M".repeat(900_000);
     let e = reg

@@ -38,14 +38,8 @@ async fn a_stuck_index_fails_the_probes_and_a_panic_does_not_poison_it() {
     .join();
     assert!(panicked.is_err());
     assert!(watchdog.probe(&index));
-    assert_eq!(
-        call(app.clone(), "GET", "/readyz", vec![]).await.0,
-        StatusCode::OK
-    );
-    assert_eq!(
-        call(app.clone(), "GET", "/healthz", vec![]).await.0,
-        StatusCode::OK
-    );
+    assert_eq!(get(&app, "/readyz").await.0, StatusCode::OK);
+    assert_eq!(get(&app, "/healthz").await.0, StatusCode::OK);
 
     // A writer that never lets go: the probe fails, and so do liveness and readiness.
     let (held_tx, held_rx) = mpsc::channel::<()>();
@@ -69,20 +63,20 @@ async fn a_stuck_index_fails_the_probes_and_a_panic_does_not_poison_it() {
     })
     .await
     .unwrap();
-    let (s, v) = call(app.clone(), "GET", "/healthz", vec![]).await;
+    let (s, v) = get(&app, "/healthz").await;
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{v}");
     assert!(
         v["error"].as_str().unwrap().contains("has not answered"),
         "{v}"
     );
     assert_eq!(
-        call(app.clone(), "GET", "/readyz", vec![]).await.0,
+        get(&app, "/readyz").await.0,
         StatusCode::SERVICE_UNAVAILABLE
     );
     free_tx.send(()).unwrap();
     holder.join().unwrap();
     assert!(watchdog.probe(&index));
-    assert_eq!(call(app, "GET", "/healthz", vec![]).await.0, StatusCode::OK);
+    assert_eq!(get(&app, "/healthz").await.0, StatusCode::OK);
 }
 
 fn stored_run(
@@ -140,7 +134,7 @@ async fn the_extender_answers_while_a_refit_is_in_progress() {
         "NodeNames": ["gpu-a", "gpu-b"],
     }))
     .unwrap();
-    let (s, v) = call(app.clone(), "POST", "/kudos/v1/prioritize", body).await;
+    let (s, v) = post(&app, "/kudos/v1/prioritize", body).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v.as_array().unwrap().len(), 2);
     assert_eq!(

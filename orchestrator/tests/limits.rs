@@ -33,14 +33,14 @@ async fn huge_gang_size_is_a_clear_error_not_an_allocation() {
     pod["metadata"]["annotations"] =
         json!({"kudos.dev/gang-name": "g", "kudos.dev/gang-size": "4294967295"});
     let body = args(pod, vec!["gpu-a".into(), "gpu-b".into()]);
-    let (s, v) = call(app.clone(), "POST", "/kudos/v1/filter", body.clone()).await;
+    let (s, v) = post(&app, "/kudos/v1/filter", body.clone()).await;
     assert_eq!(s, StatusCode::OK);
     let err = v["Error"].as_str().unwrap();
     assert!(
         err.contains("kudos.dev/gang-size") && err.contains("4096"),
         "{err}"
     );
-    let (s, v) = call(app, "POST", "/kudos/v1/prioritize", body).await;
+    let (s, v) = post(&app, "/kudos/v1/prioritize", body).await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
 }
 
@@ -54,39 +54,21 @@ async fn floods_of_node_names_are_refused_compactly() {
     let huge: Vec<String> = (0..340_000)
         .map(|i| format!("unknown-node-{i:027}"))
         .collect();
-    let (s, v) = call(
-        app.clone(),
-        "POST",
-        "/kudos/v1/filter",
-        args(pod.clone(), huge),
-    )
-    .await;
+    let (s, v) = post(&app, "/kudos/v1/filter", args(pod.clone(), huge)).await;
     assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
     assert!(v.to_string().len() < 1024, "{v}");
 
     let many: Vec<String> = (0..=limits::MAX_NODE_NAMES)
         .map(|i| format!("n{i}"))
         .collect();
-    let (s, v) = call(
-        app.clone(),
-        "POST",
-        "/kudos/v1/filter",
-        args(pod.clone(), many),
-    )
-    .await;
+    let (s, v) = post(&app, "/kudos/v1/filter", args(pod.clone(), many)).await;
     assert_eq!(s, StatusCode::OK);
     let err = v["Error"].as_str().unwrap();
     assert!(err.contains("at most 20000"), "{err}");
     assert!(v["FailedNodes"].as_object().unwrap().is_empty());
 
     let long = vec!["gpu-a".to_owned(), "x".repeat(100_000)];
-    let (s, v) = call(
-        app.clone(),
-        "POST",
-        "/kudos/v1/filter",
-        args(pod.clone(), long),
-    )
-    .await;
+    let (s, v) = post(&app, "/kudos/v1/filter", args(pod.clone(), long)).await;
     assert_eq!(s, StatusCode::OK);
     assert!(
         v.to_string().len() < 1024,
@@ -96,7 +78,7 @@ async fn floods_of_node_names_are_refused_compactly() {
 
     // Unknown names that pass the bounds get one short shared reason each.
     let unknown: Vec<String> = (0..1000).map(|i| format!("ghost-{i}")).collect();
-    let (_, v) = call(app, "POST", "/kudos/v1/filter", args(pod, unknown)).await;
+    let (_, v) = post(&app, "/kudos/v1/filter", args(pod, unknown)).await;
     let failed = v["FailedAndUnresolvableNodes"].as_object().unwrap();
     assert_eq!(failed.len(), 1000);
     assert!(failed.values().all(|r| r == UNKNOWN_NODE_REASON));
@@ -115,7 +97,7 @@ async fn heavy_reads_are_limited_apart_from_the_extender() {
         .await
         .unwrap();
     for path in ["/state", "/metrics", "/explain/default/p"] {
-        let (s, v) = call(app.clone(), "GET", path, vec![]).await;
+        let (s, v) = get(&app, path).await;
         assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{path}: {v}");
         assert!(v["error"].as_str().unwrap().contains("busy"), "{v}");
     }
@@ -123,11 +105,11 @@ async fn heavy_reads_are_limited_apart_from_the_extender() {
         pod_json("p", Some("resnet50"), 1),
         vec!["gpu-a".into(), "gpu-b".into()],
     );
-    let (s, v) = call(app.clone(), "POST", "/kudos/v1/filter", body).await;
+    let (s, v) = post(&app, "/kudos/v1/filter", body).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(v["NodeNames"].as_array().unwrap().len(), 2, "{v}");
     drop(held);
-    let (s, v) = call(app, "GET", "/state", vec![]).await;
+    let (s, v) = get(&app, "/state").await;
     assert_eq!(s, StatusCode::OK);
     assert!(v["model"]["state"].is_object(), "{v}");
 }

@@ -8,7 +8,6 @@ use axum::body::Body;
 use axum::http::Request;
 use common::*;
 use k8s_openapi::api::core::v1::Node;
-use kudos_orchestrator::auth::StaticAuthenticator;
 use kudos_orchestrator::grpc::{Ingest, Services};
 use kudos_orchestrator::http::router;
 use kudos_orchestrator::index::{HeartbeatInfo, SharedIndex};
@@ -33,23 +32,13 @@ use tower::ServiceExt;
 const BASE: &str = "127.0.0.1:1/kudos/device-plugin:base";
 const REPO: &str = "127.0.0.1:1/kudos/device-plugin-derived";
 
-fn ingest(index: SharedIndex, store: Arc<dyn Store>) -> Arc<Ingest> {
-    let (_, draining) = tokio::sync::watch::channel(false);
+/// A file store in `dir`, an empty index and the ingestion over both that knows node n1.
+fn ingest_for_n1(dir: &tempfile::TempDir) -> (Arc<dyn Store>, SharedIndex, Arc<Ingest>) {
+    let store: Arc<dyn Store> = Arc::new(FileStore::open(&dir.path().join("s.redb")).unwrap());
+    let index = mk_index(&[]);
     let metrics = Arc::new(Metrics::new());
-    Arc::new(Ingest {
-        runs: run_writer(store.clone(), index.clone(), metrics.clone()),
-        index,
-        store,
-        auth: Arc::new(StaticAuthenticator::new(
-            [("t-n1".to_owned(), "n1".to_owned())].into(),
-        )),
-        metrics,
-        unified: UNIFIED.into(),
-        heartbeat_max_age: 120.0,
-        lock: tokio::sync::Mutex::new(()),
-        draining,
-        plugin_updates: tokio::sync::watch::Sender::new(Default::default()),
-    })
+    let ingest = ingest(index.clone(), store.clone(), &["n1"], metrics);
+    (store, index, ingest)
 }
 
 fn deriver() -> ImageDeriver {
@@ -87,9 +76,7 @@ fn derived(view: &PluginConfig) -> (String, DerivedImage) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recorder_persists_images_and_an_identical_generation_does_not_rederive() {
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn Store> = Arc::new(FileStore::open(&dir.path().join("s.redb")).unwrap());
-    let index = mk_index(&[]);
-    let ingest = ingest(index.clone(), store.clone());
+    let (store, index, ingest) = ingest_for_n1(&dir);
     let mut published = ingest.plugin_updates.subscribe();
     let grpc = Services(ingest.clone());
     let r = grpc
@@ -276,9 +263,7 @@ async fn state_shows_monitor_output_and_filter_rejects_excluded_nodes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_push_leaves_the_configuration_unchanged() {
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn Store> = Arc::new(FileStore::open(&dir.path().join("s.redb")).unwrap());
-    let index = mk_index(&[]);
-    let ingest = ingest(index.clone(), store.clone());
+    let (store, index, ingest) = ingest_for_n1(&dir);
     Services(ingest.clone())
         .report_plugin(with_token(plugin("n1", 1, true), Some("t-n1")))
         .await
@@ -317,8 +302,7 @@ async fn a_failed_push_leaves_the_configuration_unchanged() {
 #[tokio::test]
 async fn vendor_names_that_cannot_name_a_plugin_group_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn Store> = Arc::new(FileStore::open(&dir.path().join("s.redb")).unwrap());
-    let grpc = Services(ingest(mk_index(&[]), store));
+    let grpc = Services(ingest_for_n1(&dir).2);
     let mut req = plugin("n1", 1, true);
     req.vendor = "NVIDIA".into();
     let status = grpc

@@ -215,29 +215,45 @@ fn one_poisoned_run_has_bounded_influence() {
     assert!(p.seconds < 130.0, "{p:?}");
 }
 
-#[test]
-fn gang_prefers_one_profile_and_reports_slowest_member() {
+/// A scheduler that saw three rounds of runs of class `c`, each `(node, model, seconds)` on
+/// `gpus` devices: the gang tests' history, at their members' shape.
+fn trained_at_gang_shape(gpus: u32, runs: &[(&str, &str, f64)]) -> Scheduler {
     let mut s = Scheduler::new(SchedulerConfig::default());
     for i in 1..=3 {
         let t = f64::from(i) * 1000.0;
-        for (n, m, secs) in [
+        for &(n, m, secs) in runs {
+            let mut r = run(n, m, "c", secs, t);
+            r.gpus = gpus;
+            s.observe(&r, t).expect("valid");
+        }
+    }
+    s
+}
+
+/// A member of gang `g` of `size` pods of class `c`, each asking for `gpus` devices.
+fn gang_pod(gpus: u32, size: u32) -> PodSpec {
+    let mut p = pod(Some("c"));
+    p.gpus = gpus;
+    p.gang = Some(GangSpec {
+        name: "g".into(),
+        size,
+    });
+    p
+}
+
+#[test]
+fn gang_prefers_one_profile_and_reports_slowest_member() {
+    // The runs of the class at the gang's shape (two devices per pod).
+    let s = trained_at_gang_shape(
+        2,
+        &[
             ("v1", "V100", 100.0),
             ("v2", "V100", 100.0),
             ("p1", "P100", 105.0),
             ("k1", "K80", 400.0),
-        ] {
-            // The runs of the class at the gang's shape (two devices per pod).
-            let mut r = run(n, m, "c", secs, t);
-            r.gpus = 2;
-            s.observe(&r, t).expect("valid");
-        }
-    }
-    let mut p = pod(Some("c"));
-    p.gpus = 2;
-    p.gang = Some(GangSpec {
-        name: "g".into(),
-        size: 4,
-    });
+        ],
+    );
+    let mut p = gang_pod(2, 4);
     let nodes = vec![
         node("v1", "V100"),
         node("v2", "V100"),
@@ -257,10 +273,7 @@ fn gang_prefers_one_profile_and_reports_slowest_member() {
         5000.0 + s.config().gang_reservation_ttl_seconds
     );
     assert!((g.predicted_seconds - 100.0).abs() < 5.0);
-    p.gang = Some(GangSpec {
-        name: "g".into(),
-        size: 9,
-    });
+    p.gang.as_mut().expect("a gang member").size = 9;
     assert!(matches!(
         s.place_gang(&p, &nodes, 5000.0, 1),
         Err(PlaceError::InsufficientCapacity {
@@ -367,36 +380,23 @@ fn a_new_fastest_profile_rejudges_the_class_in_the_third_queue() {
 
 #[test]
 fn gang_mixes_profiles_only_when_much_faster() {
-    let mut s = Scheduler::new(SchedulerConfig::default());
-    for i in 1..=3 {
-        let t = f64::from(i) * 1000.0;
-        for (n, m, secs) in [
+    let s = trained_at_gang_shape(
+        4,
+        &[
             ("a1", "A100", 50.0),
             ("v1", "V100", 100.0),
             ("v2", "V100", 100.0),
-        ] {
-            let mut r = run(n, m, "c", secs, t);
-            r.gpus = 4;
-            s.observe(&r, t).expect("valid");
-        }
-    }
-    let mut p = pod(Some("c"));
-    p.gpus = 4;
+        ],
+    );
     // Each node has one 4-device slot. Two members: A100 + V100 is no faster than V100 + V100
     // (the slowest member is a V100 either way), so one profile wins. Three members need all
     // three nodes: mixing is the only option.
-    p.gang = Some(GangSpec {
-        name: "g".into(),
-        size: 2,
-    });
+    let mut p = gang_pod(4, 2);
     let nodes = vec![node("a1", "A100"), node("v1", "V100"), node("v2", "V100")];
     let g = s.place_gang(&p, &nodes, 5000.0, 1).expect("fits");
     // Mixed (A100 + V100) has the same slowest member as all-V100: one profile wins.
     assert!(g.members.iter().all(|m| m.node.starts_with('v')), "{g:?}");
-    p.gang = Some(GangSpec {
-        name: "g".into(),
-        size: 3,
-    });
+    p.gang.as_mut().expect("a gang member").size = 3;
     let g = s.place_gang(&p, &nodes, 5000.0, 1).expect("fits");
     let mut used: Vec<&str> = g.members.iter().map(|m| m.node.as_str()).collect();
     used.sort_unstable();

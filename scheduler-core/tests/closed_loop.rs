@@ -11,8 +11,7 @@
 mod common;
 
 use kudos_scheduler_core::{
-    DeviceProfile, Exploration, NodeHealth, NodeState, PodSpec, RunObservation, Scheduler,
-    SchedulerConfig,
+    DeviceProfile, Exploration, NodeHealth, NodeState, PodSpec, Scheduler, SchedulerConfig,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -124,18 +123,8 @@ fn simulate(
                     total_jct += end - j.arrival;
                 }
                 let seconds = j.steps / classes[j.class].1[type_of(node)] * j.noise;
-                let run = RunObservation {
-                    node: nodes[node].name.clone(),
-                    class: classes[j.class].0.clone(),
-                    profile: nodes[node].profile.clone(),
-                    gpus: 1,
-                    start: end - seconds,
-                    end,
-                    completed: true,
-                    progress: None,
-                    gpu_busy_seconds: None,
-                    work_units: None,
-                };
+                let run =
+                    common::completed_run(&nodes[node], &classes[j.class].0, end - seconds, end);
                 sched.observe(&run, now).expect("valid run");
             }
             (_, Some(a)) => {

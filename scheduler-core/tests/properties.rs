@@ -3,10 +3,13 @@
 
 use kudos_scheduler_core::queue::{self, Candidate};
 use kudos_scheduler_core::{
-    DeviceProfile, Exploration, MergeWeights, NodeHealth, NodeState, PodSpec, RunObservation,
-    Scheduler, SchedulerConfig,
+    DeviceProfile, Exploration, MergeWeights, NodeHealth, NodeState, PodSpec, Scheduler,
+    SchedulerConfig,
 };
 use proptest::prelude::*;
+
+mod common;
+use common::completed_run;
 
 const MODELS: &[&str] = &["K80", "P100", "V100", "A100", "G1", "T4"];
 
@@ -88,19 +91,8 @@ fn trained(config: SchedulerConfig, nodes: &[NodeState], runs: &[(usize, f64)]) 
             continue;
         };
         t += 100.0;
-        let run = RunObservation {
-            node: n.name.clone(),
-            class: "c".into(),
-            profile: n.profile.clone(),
-            gpus: 1,
-            start: t - secs,
-            end: t,
-            completed: true,
-            progress: None,
-            gpu_busy_seconds: None,
-            work_units: None,
-        };
-        s.observe(&run, t).expect("valid run");
+        s.observe(&completed_run(n, "c", t - secs, t), t)
+            .expect("valid run");
     }
     s
 }
@@ -209,29 +201,17 @@ proptest! {
     ) {
         // Two identical nodes of one profile; a third, fast node sets the class reference so the
         // slow runs are bad and the fast-enough ones good. Same number and ages of runs.
-        let mk = |name: &str, model: usize| NodeState {
-            name: name.into(),
-            profile: profile(model),
-            free_devices: 4,
-            cpu_allocatable_milli: 32_000,
-            cpu_requested_milli: 0,
-            memory_allocatable_bytes: 128 << 30,
-            memory_requested_bytes: 0,
-            health: NodeHealth::Healthy,
-        };
+        let idle = || NodeGen { model: 2, free: 4, cpu_used: 0, mem_used: 0, healthy: true };
         let (good_name, bad_name) = if swap { ("a-good", "b-bad") } else { ("b-good", "a-bad") };
-        let nodes = vec![mk(good_name, 2), mk(bad_name, 2)];
+        let mut nodes = build(&[idle(), idle()]);
+        nodes[0].name = good_name.into();
+        nodes[1].name = bad_name.into();
         let mut s = Scheduler::new(config(ex));
         let mut t = 0.0;
         for _ in 0..reviews {
-            for (name, secs) in [(good_name, 100.0), (bad_name, 200.0)] {
+            for (node, secs) in [(&nodes[0], 100.0), (&nodes[1], 200.0)] {
                 t += 10.0;
-                let run = RunObservation {
-                    node: name.into(), class: "c".into(), profile: profile(2), gpus: 1,
-                    start: t - secs, end: t, completed: true, progress: None,
-                    gpu_busy_seconds: None, work_units: None,
-                };
-                s.observe(&run, t).expect("valid");
+                s.observe(&completed_run(node, "c", t - secs, t), t).expect("valid");
             }
         }
         let r = s.rank(&pod(true), &nodes, t, seed);

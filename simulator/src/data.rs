@@ -3,7 +3,7 @@
 //! Each loader takes the text and a file name for error messages, so the same code parses the
 //! extracts compiled into the binary and the full files under `--data-dir`.
 
-use crate::error::{Cell, DataError};
+use crate::error::{DataError, Row};
 use crate::throughput::ThroughputTable;
 use std::path::{Path, PathBuf};
 
@@ -65,33 +65,36 @@ fn reader(text: &str, delimiter: u8, headers: bool) -> csv::Reader<&[u8]> {
         .from_reader(text.as_bytes())
 }
 
-/// Parses `duration_s,num_gpus` rows.
-pub fn parse_philly_distribution(text: &str, file: &str) -> Result<Vec<PhillyJob>, DataError> {
-    let mut rdr = reader(text, b',', true);
+/// Looks up columns of `rdr` by header name; a missing one is an error naming it.
+fn columns<'h>(
+    rdr: &mut csv::Reader<&[u8]>,
+    file: &'h str,
+) -> Result<impl Fn(&str) -> Result<usize, DataError> + 'h, DataError> {
     let headers = rdr.headers().map_err(|e| DataError::csv(file, e))?.clone();
-    let col = |name: &str| {
+    Ok(move |name: &str| {
         headers
             .iter()
             .position(|h| h.trim() == name)
             .ok_or_else(|| DataError::invalid(file, format!("no column named {name:?}")))
-    };
+    })
+}
+
+/// Parses `duration_s,num_gpus` rows.
+pub fn parse_philly_distribution(text: &str, file: &str) -> Result<Vec<PhillyJob>, DataError> {
+    let mut rdr = reader(text, b',', true);
+    let col = columns(&mut rdr, file)?;
     let (d, g) = (col("duration_s")?, col("num_gpus")?);
     let mut out = Vec::new();
-    for rec in rdr.records() {
-        let rec = rec.map_err(|e| DataError::csv(file, e))?;
-        let line = rec.position().map(|p| p.line()).unwrap_or(0);
-        let cell = |column: usize, name: &'static str| Cell {
-            file,
-            line,
-            column: column + 1,
-            name,
-        };
-        let dc = cell(d, "duration_s");
+    for rec in Row::records(&mut rdr, file) {
+        let (row, rec) = rec?;
+        let dc = row.cell(d, "duration_s");
         let duration_s = dc.non_negative(rec.get(d).unwrap_or(""))?;
         if duration_s <= 0.0 {
             return Err(dc.err("duration must be > 0"));
         }
-        let gpus = cell(g, "num_gpus").positive_int(rec.get(g).unwrap_or(""))?;
+        let gpus = row
+            .cell(g, "num_gpus")
+            .positive_int(rec.get(g).unwrap_or(""))?;
         out.push(PhillyJob { duration_s, gpus });
     }
     if out.is_empty() {
@@ -105,21 +108,14 @@ pub fn parse_philly_distribution(text: &str, file: &str) -> Result<Vec<PhillyJob
 pub fn parse_cov_sigma(text: &str, file: &str) -> Result<f64, DataError> {
     let mut rdr = reader(text, b',', true);
     let mut per_job = Vec::new();
-    for rec in rdr.records() {
-        let rec = rec.map_err(|e| DataError::csv(file, e))?;
-        let line = rec.position().map(|p| p.line()).unwrap_or(0);
+    for rec in Row::records(&mut rdr, file) {
+        let (row, rec) = rec?;
         let mut values = Vec::new();
         for (i, raw) in rec.iter().enumerate().skip(1) {
             if raw.trim().is_empty() {
                 continue;
             }
-            let cell = Cell {
-                file,
-                line,
-                column: i + 1,
-                name: "coefficient of variation",
-            };
-            values.push(cell.non_negative(raw)?);
+            values.push(row.cell(i, "coefficient of variation").non_negative(raw)?);
         }
         if let Some(m) = median(&mut values) {
             per_job.push(m);
@@ -164,15 +160,9 @@ pub fn parse_vc_trace(
 ) -> Result<Vec<TraceJob>, DataError> {
     let mut rdr = reader(text, b'\t', false);
     let mut out = Vec::new();
-    for rec in rdr.records() {
-        let rec = rec.map_err(|e| DataError::csv(file, e))?;
-        let line = rec.position().map(|p| p.line()).unwrap_or(0);
-        let cell = |column: usize, name: &'static str| Cell {
-            file,
-            line,
-            column: column + 1,
-            name,
-        };
+    for rec in Row::records(&mut rdr, file) {
+        let (row, rec) = rec?;
+        let cell = |column: usize, name: &'static str| row.cell(column, name);
         if rec.len() < 7 {
             return Err(cell(rec.len(), "record").err(format!(
                 "expected 7 tab-separated columns, found {}",
@@ -217,13 +207,7 @@ pub struct AlibabaNode {
 /// Parses `sn,cpu_milli,memory_mib,gpu,model`; nodes without GPUs are skipped.
 pub fn parse_alibaba_nodes(text: &str, file: &str) -> Result<Vec<AlibabaNode>, DataError> {
     let mut rdr = reader(text, b',', true);
-    let headers = rdr.headers().map_err(|e| DataError::csv(file, e))?.clone();
-    let col = |name: &str| {
-        headers
-            .iter()
-            .position(|h| h.trim() == name)
-            .ok_or_else(|| DataError::invalid(file, format!("no column named {name:?}")))
-    };
+    let col = columns(&mut rdr, file)?;
     let (sn, cpu, mem, gpu, model) = (
         col("sn")?,
         col("cpu_milli")?,
@@ -232,16 +216,10 @@ pub fn parse_alibaba_nodes(text: &str, file: &str) -> Result<Vec<AlibabaNode>, D
         col("model")?,
     );
     let mut out = Vec::new();
-    for rec in rdr.records() {
-        let rec = rec.map_err(|e| DataError::csv(file, e))?;
-        let line = rec.position().map(|p| p.line()).unwrap_or(0);
+    for rec in Row::records(&mut rdr, file) {
+        let (row, rec) = rec?;
         let get = |i: usize| rec.get(i).unwrap_or("").trim();
-        let cell = |column: usize, name: &'static str| Cell {
-            file,
-            line,
-            column: column + 1,
-            name,
-        };
+        let cell = |column: usize, name: &'static str| row.cell(column, name);
         let gpus_f = cell(gpu, "gpu").non_negative(get(gpu))?;
         if gpus_f == 0.0 {
             continue;

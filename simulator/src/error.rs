@@ -80,6 +80,39 @@ pub(crate) struct Cell<'a> {
     pub name: &'a str,
 }
 
+/// Where a record sits, for naming its cells in errors.
+pub(crate) struct Row<'a> {
+    pub file: &'a str,
+    pub line: u64,
+}
+
+impl<'a> Row<'a> {
+    /// Each record of `rdr` with where it sits in `file`; a record the reader refuses is an error.
+    pub fn records<'r, R: std::io::Read>(
+        rdr: &'r mut csv::Reader<R>,
+        file: &'a str,
+    ) -> impl Iterator<Item = Result<(Row<'a>, csv::StringRecord), DataError>> + 'r
+    where
+        'a: 'r,
+    {
+        rdr.records().map(move |rec| {
+            let rec = rec.map_err(|e| DataError::csv(file, e))?;
+            let line = rec.position().map(|p| p.line()).unwrap_or(0);
+            Ok((Row { file, line }, rec))
+        })
+    }
+
+    /// The cell at zero-based `column`, called `name` in errors.
+    pub fn cell(&self, column: usize, name: &'a str) -> Cell<'a> {
+        Cell {
+            file: self.file,
+            line: self.line,
+            column: column + 1,
+            name,
+        }
+    }
+}
+
 impl Cell<'_> {
     /// An error about this cell.
     pub fn err(&self, message: impl Into<String>) -> DataError {

@@ -26,7 +26,6 @@ pub mod sim;
 pub mod throughput;
 pub mod workload;
 
-use clap::Parser;
 use cli::{Args, Settings};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use metrics::Metrics;
@@ -38,18 +37,11 @@ use std::time::{Duration, Instant};
 
 /// Parses arguments, runs, and maps the outcome to an exit code.
 pub fn main_with_args() -> ExitCode {
-    let args = Args::parse();
-    if let Err(e) = args.log.init() {
-        eprintln!("error: {e:#}");
-        return ExitCode::from(2);
-    }
-    let settings = match Settings::from_args(&args) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            return ExitCode::from(2);
-        }
-    };
+    let settings =
+        match kudos_common::parse_settings(|a: &Args| &a.log, |a| Settings::from_args(&a)) {
+            Ok(s) => s,
+            Err(code) => return code,
+        };
     match run(&settings) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -63,9 +55,9 @@ pub fn main_with_args() -> ExitCode {
 pub fn make_policy(name: &str, s: &Settings, seed: u64) -> anyhow::Result<Box<dyn Policy>> {
     let pseed = seed ^ 0x05ee_d0fb_01c1_e5a7;
     Ok(match name {
-        "kube-default" => Box::new(policy::KubeDefault::new(pseed)),
-        "random" => Box::new(policy::RandomPolicy::new(pseed)),
-        "fastest-type" => Box::new(policy::FastestType::new(
+        "kube-default" => Box::new(policy::Baseline::kube_default(pseed)),
+        "random" => Box::new(policy::Baseline::random(pseed)),
+        "fastest-type" => Box::new(policy::Baseline::fastest_type(
             &s.preference,
             s.table.gpu_types.len(),
             pseed,

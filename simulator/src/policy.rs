@@ -155,101 +155,74 @@ fn least_allocated(n: &Node, free: u32, need: u32) -> f64 {
     f64::from(free.saturating_sub(need)) / f64::from(n.total.max(1))
 }
 
-// === impl KubeDefault ===
+// === impl Baseline ===
 
-/// kube-scheduler's default as a GPU cluster sees it: counts GPUs only, spreads by
-/// least-allocated, ties at random.
-pub struct KubeDefault {
+/// The baselines: greedy placement by a fixed node score, ties broken at random, no prediction.
+/// They differ only in the score.
+pub struct Baseline {
+    kind: BaselineKind,
     rng: ChaCha8Rng,
 }
 
-impl KubeDefault {
-    /// A new policy with its own random stream.
-    pub fn new(seed: u64) -> Self {
-        KubeDefault {
+enum BaselineKind {
+    /// kube-scheduler's default as a GPU cluster sees it: counts GPUs only, spreads by
+    /// least-allocated.
+    KubeDefault,
+    /// Uniformly random among nodes that fit.
+    Random,
+    /// A static preference list of GPU types: the most preferred type that fits,
+    /// least-allocated within a type. Knows nothing about the job. `rank` is by GPU type.
+    FastestType { rank: Vec<usize> },
+}
+
+impl Baseline {
+    fn new(kind: BaselineKind, seed: u64) -> Self {
+        Baseline {
+            kind,
             rng: ChaCha8Rng::seed_from_u64(seed),
         }
     }
-}
 
-impl Policy for KubeDefault {
-    fn name(&self) -> &str {
-        "kube-default"
+    /// kube-scheduler's default, with its own random stream.
+    pub fn kube_default(seed: u64) -> Self {
+        Self::new(BaselineKind::KubeDefault, seed)
     }
-    fn place(&mut self, job: &Job, ctx: &Ctx<'_>) -> Option<Placement> {
-        let need = if ctx.gang { 1 } else { job.gpus };
-        greedy(job, ctx, &mut self.rng, |n, free| {
-            least_allocated(n, free, need)
-        })
-        .map(|slots| Placement {
-            slots,
-            predicted_seconds: None,
-        })
+
+    /// Uniformly random among nodes that fit, with its own random stream.
+    pub fn random(seed: u64) -> Self {
+        Self::new(BaselineKind::Random, seed)
     }
-}
 
-// === impl RandomPolicy ===
-
-/// Uniformly random among nodes that fit.
-pub struct RandomPolicy {
-    rng: ChaCha8Rng,
-}
-
-impl RandomPolicy {
-    /// A new policy with its own random stream.
-    pub fn new(seed: u64) -> Self {
-        RandomPolicy {
-            rng: ChaCha8Rng::seed_from_u64(seed),
-        }
-    }
-}
-
-impl Policy for RandomPolicy {
-    fn name(&self) -> &str {
-        "random"
-    }
-    fn place(&mut self, job: &Job, ctx: &Ctx<'_>) -> Option<Placement> {
-        greedy(job, ctx, &mut self.rng, |_, _| 0.0).map(|slots| Placement {
-            slots,
-            predicted_seconds: None,
-        })
-    }
-}
-
-// === impl FastestType ===
-
-/// A static preference list of GPU types: the most preferred type that fits, least-allocated
-/// within a type. Knows nothing about the job.
-pub struct FastestType {
-    rank: Vec<usize>,
-    rng: ChaCha8Rng,
-}
-
-impl FastestType {
-    /// `order` lists GPU type indices, most preferred first; unlisted types come last.
-    pub fn new(order: &[usize], gpu_types: usize, seed: u64) -> Self {
+    /// A static preference of GPU types: `order` lists GPU type indices, most preferred first;
+    /// unlisted types come last.
+    pub fn fastest_type(order: &[usize], gpu_types: usize, seed: u64) -> Self {
         let mut rank = vec![order.len(); gpu_types];
         for (r, &g) in order.iter().enumerate() {
             rank[g] = r;
         }
-        FastestType {
-            rank,
-            rng: ChaCha8Rng::seed_from_u64(seed),
-        }
+        Self::new(BaselineKind::FastestType { rank }, seed)
     }
 }
 
-impl Policy for FastestType {
+impl Policy for Baseline {
     fn name(&self) -> &str {
-        "fastest-type"
+        match self.kind {
+            BaselineKind::KubeDefault => "kube-default",
+            BaselineKind::Random => "random",
+            BaselineKind::FastestType { .. } => "fastest-type",
+        }
     }
     fn place(&mut self, job: &Job, ctx: &Ctx<'_>) -> Option<Placement> {
         let need = if ctx.gang { 1 } else { job.gpus };
-        let rank = &self.rank;
-        greedy(job, ctx, &mut self.rng, |n, free| {
-            -(rank[n.gpu_type] as f64) + 0.5 * least_allocated(n, free, need)
-        })
-        .map(|slots| Placement {
+        let kind = &self.kind;
+        let slots = greedy(job, ctx, &mut self.rng, |n, free| match kind {
+            BaselineKind::KubeDefault => least_allocated(n, free, need),
+            BaselineKind::Random => 0.0,
+            BaselineKind::FastestType { rank } => {
+                -(rank[n.gpu_type] as f64) + 0.5 * least_allocated(n, free, need)
+            }
+        })?;
+        Some(Placement {
             slots,
             predicted_seconds: None,
         })
@@ -360,6 +333,22 @@ mod tests {
         (t, c)
     }
 
+    /// What a policy sees at time 0.
+    fn at_start<'a>(
+        table: &'a ThroughputTable,
+        cluster: &'a Cluster,
+        feasible: &'a [bool],
+        gang: bool,
+    ) -> Ctx<'a> {
+        Ctx {
+            table,
+            cluster,
+            now: 0.0,
+            feasible,
+            gang,
+        }
+    }
+
     fn job(gpus: u32) -> Job {
         Job {
             id: 0,
@@ -374,18 +363,12 @@ mod tests {
     #[test]
     fn oracle_takes_the_fast_type_and_kube_default_spreads() {
         let (t, c) = setup();
-        let ctx = Ctx {
-            table: &t,
-            cluster: &c,
-            now: 0.0,
-            feasible: &[true, true],
-            gang: false,
-        };
+        let ctx = at_start(&t, &c, &[true, true], false);
         let p = Oracle::new(0).place(&job(1), &ctx).unwrap();
         assert_eq!(c.nodes[p.slots[0].0].gpu_type, 1);
         assert_eq!(p.predicted_seconds, Some(25.0));
         // Kube-default picks every node about equally often.
-        let mut k = KubeDefault::new(1);
+        let mut k = Baseline::kube_default(1);
         let mut hits = [0; 4];
         for _ in 0..400 {
             hits[k.place(&job(1), &ctx).unwrap().slots[0].0] += 1;
@@ -396,13 +379,7 @@ mod tests {
     #[test]
     fn gang_runs_at_the_pace_of_its_slowest_member() {
         let (t, c) = setup();
-        let ctx = Ctx {
-            table: &t,
-            cluster: &c,
-            now: 0.0,
-            feasible: &[true, true],
-            gang: true,
-        };
+        let ctx = at_start(&t, &c, &[true, true], true);
         let p = Oracle::new(0).place(&job(2), &ctx).unwrap();
         assert_eq!(p.slots.len(), 2);
         assert!(p.slots.iter().all(|s| c.nodes[s.0].gpu_type == 1));
@@ -435,19 +412,13 @@ mod tests {
     #[test]
     fn infeasible_types_are_never_offered() {
         let (t, c) = setup();
-        let ctx = Ctx {
-            table: &t,
-            cluster: &c,
-            now: 0.0,
-            feasible: &[false, true],
-            gang: false,
-        };
-        let mut r = RandomPolicy::new(3);
+        let ctx = at_start(&t, &c, &[false, true], false);
+        let mut r = Baseline::random(3);
         for _ in 0..50 {
             let p = r.place(&job(1), &ctx).unwrap();
             assert_eq!(c.nodes[p.slots[0].0].gpu_type, 1);
         }
-        let mut f = FastestType::new(&[0, 1], 2, 0);
+        let mut f = Baseline::fastest_type(&[0, 1], 2, 0);
         assert_eq!(
             c.nodes[f.place(&job(1), &ctx).unwrap().slots[0].0].gpu_type,
             1

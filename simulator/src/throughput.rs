@@ -7,7 +7,7 @@
 //! layout and never assumes particular GPU models. An empty cell or `0` means "not measured"
 //! (Gavel writes `0.0` where a model did not fit in memory): the job type cannot run there.
 
-use crate::error::{Cell, DataError};
+use crate::error::{DataError, Row};
 use std::collections::HashMap;
 
 /// Suffix of every throughput column.
@@ -82,18 +82,14 @@ impl ThroughputTable {
                 ),
             ));
         }
+        let header_row = Row { file, line: 1 };
         // Column index -> (gpu index, unconsolidated?)
         let mut gpu_types: Vec<String> = Vec::new();
         let mut columns: Vec<(usize, bool)> = Vec::new();
         let mut pending_unconsolidated: Vec<(usize, String)> = Vec::new();
         for (i, h) in headers.iter().enumerate().skip(4) {
             let h = h.trim();
-            let cell = Cell {
-                file,
-                line: 1,
-                column: i + 1,
-                name: h,
-            };
+            let cell = header_row.cell(i, h);
             let stem = h.strip_suffix(STEPS_SUFFIX).ok_or_else(|| {
                 cell.err(format!(
                     "a throughput column's name must end with `{STEPS_SUFFIX}`"
@@ -115,13 +111,7 @@ impl ThroughputTable {
         }
         for (i, gpu) in pending_unconsolidated {
             let g = gpu_types.iter().position(|x| *x == gpu).ok_or_else(|| {
-                Cell {
-                    file,
-                    line: 1,
-                    column: i + 1,
-                    name: &headers[i],
-                }
-                .err(format!(
+                header_row.cell(i, &headers[i]).err(format!(
                     "unconsolidated column for GPU type {gpu:?}, which has no `{gpu}{STEPS_SUFFIX}` column"
                 ))
             })?;
@@ -140,15 +130,9 @@ impl ThroughputTable {
             job_types: Vec::new(),
             by_name: HashMap::new(),
         };
-        for rec in rdr.records() {
-            let rec = rec.map_err(|e| DataError::csv(file, e))?;
-            let line = rec.position().map(|p| p.line()).unwrap_or(0);
-            let cell = |column: usize| Cell {
-                file,
-                line,
-                column: column + 1,
-                name: headers.get(column).unwrap_or(""),
-            };
+        for rec in Row::records(&mut rdr, file) {
+            let (row, rec) = rec?;
+            let cell = |column: usize| row.cell(column, headers.get(column).unwrap_or(""));
             let name = rec[0].trim();
             if name.is_empty() {
                 return Err(cell(0).err("empty job type"));

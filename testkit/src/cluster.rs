@@ -404,10 +404,7 @@ impl ControlPlane {
             "namespace default",
             Duration::from_secs(30),
             Duration::from_millis(200),
-            || {
-                let ns = ns.clone();
-                async move { ns.get_opt("default").await.ok().flatten().map(|_| ()) }
-            },
+            async || ns.get_opt("default").await.ok().flatten().map(|_| ()),
         )
         .await?;
         let sa: Api<ServiceAccount> = Api::namespaced(self.client.clone(), "default");

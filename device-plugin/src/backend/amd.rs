@@ -2,7 +2,7 @@
 //! `/dev/kfd` and the card's `/dev/dri/renderD*` node. Both roots are configurable so tests
 //! run against a fake tree.
 
-use super::{Allocation, BackendError, Device, DeviceBackend, Vendor};
+use super::{Allocation, BackendError, Device, DeviceBackend, Inventory, Vendor};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -13,8 +13,7 @@ const AMD_PCI_VENDOR: &str = "0x1002";
 /// AMD backend.
 #[derive(Debug)]
 pub struct AmdBackend {
-    vendor: Vendor,
-    devices: Vec<Device>,
+    inventory: Inventory,
     /// Device ID -> (sysfs device dir, render node name such as `renderD128`).
     nodes: HashMap<String, (PathBuf, String)>,
     dev_root: PathBuf,
@@ -111,8 +110,7 @@ impl AmdBackend {
             id_prefix: PREFIX.into(),
         };
         Ok(AmdBackend {
-            vendor,
-            devices,
+            inventory: Inventory { vendor, devices },
             nodes,
             dev_root: dev_root.to_owned(),
         })
@@ -120,12 +118,8 @@ impl AmdBackend {
 }
 
 impl DeviceBackend for AmdBackend {
-    fn vendor(&self) -> &Vendor {
-        &self.vendor
-    }
-
-    fn devices(&self) -> &[Device] {
-        &self.devices
+    fn inventory(&self) -> &Inventory {
+        &self.inventory
     }
 
     fn allocate(&self, devices: &[&Device]) -> Allocation {

@@ -1,7 +1,9 @@
 //! An in-memory backend for tests: devices given by the test, probe results and health
 //! signals set at will. Not used by the binary.
 
-use super::{Allocation, BackendError, Device, DeviceBackend, HealthGuard, HealthSignal, Vendor};
+use super::{
+    Allocation, BackendError, Device, DeviceBackend, HealthGuard, HealthSignal, Inventory, Vendor,
+};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use tokio::sync::mpsc;
@@ -9,8 +11,7 @@ use tokio::sync::mpsc;
 /// A controllable backend.
 #[derive(Debug)]
 pub struct FakeBackend {
-    vendor: Vendor,
-    devices: Vec<Device>,
+    inventory: Inventory,
     probes: Mutex<HashMap<String, String>>,
     probe_delay: Mutex<Option<std::time::Duration>>,
     signals: Mutex<Option<mpsc::UnboundedSender<HealthSignal>>>,
@@ -30,13 +31,13 @@ impl FakeBackend {
                 numa_node: i64::try_from(i / per_numa.max(1)).ok(),
             })
             .collect();
+        let vendor = Vendor {
+            key: key.into(),
+            resource_name: format!("{key}.example/gpu"),
+            id_prefix: prefix,
+        };
         FakeBackend {
-            vendor: Vendor {
-                key: key.into(),
-                resource_name: format!("{key}.example/gpu"),
-                id_prefix: prefix,
-            },
-            devices,
+            inventory: Inventory { vendor, devices },
             probes: Mutex::default(),
             probe_delay: Mutex::default(),
             signals: Mutex::default(),
@@ -71,20 +72,17 @@ impl FakeBackend {
 }
 
 impl DeviceBackend for FakeBackend {
-    fn vendor(&self) -> &Vendor {
-        &self.vendor
-    }
-
-    fn devices(&self) -> &[Device] {
-        &self.devices
+    fn inventory(&self) -> &Inventory {
+        &self.inventory
     }
 
     fn allocate(&self, devices: &[&Device]) -> Allocation {
         let mut a = Allocation::default();
-        let ids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
+        let uuids = devices.iter().map(|d| d.uuid.as_str());
+        let key = self.inventory.vendor.key.to_ascii_uppercase();
         a.envs.insert(
-            format!("{}_VISIBLE_DEVICES", self.vendor.key.to_ascii_uppercase()),
-            ids.join(","),
+            format!("{key}_VISIBLE_DEVICES"),
+            uuids.collect::<Vec<_>>().join(","),
         );
         a.device_specs
             .push(("/dev/shared".into(), "/dev/shared".into(), "rw".into()));

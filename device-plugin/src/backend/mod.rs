@@ -59,6 +59,15 @@ pub struct Vendor {
     pub id_prefix: String,
 }
 
+/// What one backend serves: its vendor and the devices discovered at start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Inventory {
+    /// The vendor served.
+    pub vendor: Vendor,
+    /// The devices, as discovered at start.
+    pub devices: Vec<Device>,
+}
+
 /// One device as discovered.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Device {
@@ -154,11 +163,18 @@ pub type HealthGuard = Box<dyn Send + Sync>;
 /// `discover`, `probe` and `watch` setup; `allocate` and `link_cost` must be cheap, as they
 /// run on the kubelet's admission path.
 pub trait DeviceBackend: Send + Sync + 'static {
+    /// The vendor served and its devices.
+    fn inventory(&self) -> &Inventory;
+
     /// The vendor served.
-    fn vendor(&self) -> &Vendor;
+    fn vendor(&self) -> &Vendor {
+        &self.inventory().vendor
+    }
 
     /// The devices, as discovered at start.
-    fn devices(&self) -> &[Device];
+    fn devices(&self) -> &[Device] {
+        &self.inventory().devices
+    }
 
     /// What a container needs to use `devices` (all owned by this backend, already
     /// validated as known and healthy).

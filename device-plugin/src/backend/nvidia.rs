@@ -1,6 +1,8 @@
 //! NVIDIA GPUs through kudos-nvml: discovery, topology-aware link costs, XID health.
 
-use super::{Allocation, BackendError, Device, DeviceBackend, HealthGuard, HealthSignal, Vendor};
+use super::{
+    Allocation, BackendError, Device, DeviceBackend, HealthGuard, HealthSignal, Inventory, Vendor,
+};
 use crate::health::XidIgnoreList;
 use kudos_nvml::{Event, Nvml};
 use std::collections::HashMap;
@@ -29,8 +31,7 @@ pub struct NvidiaOptions {
 /// NVIDIA backend.
 pub struct NvidiaBackend {
     nvml: Nvml,
-    vendor: Vendor,
-    devices: Vec<Device>,
+    inventory: Inventory,
     minors: HashMap<String, u32>,
     /// Pairwise link cost by device-ID pair, computed once: topology does not change.
     costs: HashMap<(String, String), u32>,
@@ -85,8 +86,7 @@ impl NvidiaBackend {
         };
         Ok(NvidiaBackend {
             nvml,
-            vendor,
-            devices,
+            inventory: Inventory { vendor, devices },
             minors,
             costs,
             options,
@@ -105,12 +105,8 @@ fn dev_path(root: &std::path::Path, name: &str) -> String {
 }
 
 impl DeviceBackend for NvidiaBackend {
-    fn vendor(&self) -> &Vendor {
-        &self.vendor
-    }
-
-    fn devices(&self) -> &[Device] {
-        &self.devices
+    fn inventory(&self) -> &Inventory {
+        &self.inventory
     }
 
     fn allocate(&self, devices: &[&Device]) -> Allocation {
@@ -170,7 +166,12 @@ impl DeviceBackend for NvidiaBackend {
         &self,
         tx: mpsc::UnboundedSender<HealthSignal>,
     ) -> Result<Option<HealthGuard>, BackendError> {
-        let uuids: Vec<String> = self.devices.iter().map(|d| d.uuid.clone()).collect();
+        let uuids: Vec<String> = self
+            .inventory
+            .devices
+            .iter()
+            .map(|d| d.uuid.clone())
+            .collect();
         let ignored = self.options.ignored_xids.clone();
         let watcher = self
             .nvml

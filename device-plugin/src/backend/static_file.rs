@@ -9,7 +9,7 @@
 //!                  "numaNode": 0, "deviceNodes": ["/dev/acme0"] } ] }
 //! ```
 
-use super::{Allocation, BackendError, Device, DeviceBackend, Vendor};
+use super::{Allocation, BackendError, Device, DeviceBackend, Inventory, Vendor};
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -46,8 +46,7 @@ struct DeviceV1 {
 /// A vendor described by a static file.
 #[derive(Debug)]
 pub struct StaticBackend {
-    vendor: Vendor,
-    devices: Vec<Device>,
+    inventory: Inventory,
     nodes: HashMap<String, Vec<String>>,
     visible_env: Option<String>,
     env: BTreeMap<String, String>,
@@ -115,8 +114,7 @@ impl StaticBackend {
             id_prefix: prefix,
         };
         Ok(StaticBackend {
-            vendor,
-            devices,
+            inventory: Inventory { vendor, devices },
             nodes,
             visible_env: file.visible_devices_env,
             env: file.env,
@@ -125,12 +123,8 @@ impl StaticBackend {
 }
 
 impl DeviceBackend for StaticBackend {
-    fn vendor(&self) -> &Vendor {
-        &self.vendor
-    }
-
-    fn devices(&self) -> &[Device] {
-        &self.devices
+    fn inventory(&self) -> &Inventory {
+        &self.inventory
     }
 
     fn allocate(&self, devices: &[&Device]) -> Allocation {

@@ -17,6 +17,19 @@ struct Fixture {
     metrics: Metrics,
 }
 
+impl Fixture {
+    /// A ListAndWatch stream, as the kubelet opens one.
+    async fn list_and_watch(
+        &self,
+    ) -> <PluginServer as api::device_plugin_server::DevicePlugin>::ListAndWatchStream {
+        self.server
+            .list_and_watch(Request::new(api::Empty {}))
+            .await
+            .expect("stream")
+            .into_inner()
+    }
+}
+
 fn mk_server() -> Fixture {
     let a: Arc<dyn DeviceBackend> = Arc::new(FakeBackend::new("alpha", 4, 2));
     let b: Arc<dyn DeviceBackend> = Arc::new(FakeBackend::new("beta", 2, 1));
@@ -130,12 +143,7 @@ async fn allocate_merges_vendors_in_one_container() {
 #[tokio::test]
 async fn list_and_watch_streams_changes_and_reports_kubelet_closes() {
     let f = mk_server();
-    let mut stream = f
-        .server
-        .list_and_watch(Request::new(api::Empty {}))
-        .await
-        .expect("stream")
-        .into_inner();
+    let mut stream = f.list_and_watch().await;
     let first = stream.next().await.expect("first").expect("ok");
     assert_eq!(first.devices.len(), 6);
     assert!(first.devices.iter().all(|d| d.health == api::HEALTHY));
@@ -166,12 +174,7 @@ async fn list_and_watch_streams_changes_and_reports_kubelet_closes() {
     assert_eq!(f.streams.active(), 0);
 
     // Our own stop ends a stream without reporting a kubelet close.
-    let mut stream = f
-        .server
-        .list_and_watch(Request::new(api::Empty {}))
-        .await
-        .expect("stream")
-        .into_inner();
+    let mut stream = f.list_and_watch().await;
     stream.next().await.expect("first").expect("ok");
     f.stop.send(true).expect("stop");
     assert!(
@@ -215,42 +218,35 @@ async fn preferred_allocation_keeps_to_one_numa_node_and_vendor() {
 #[tokio::test]
 async fn preferred_allocation_refuses_made_up_and_too_many_ids_without_ranking_them() {
     let f = mk_server();
-    let ask = |available: Vec<String>, must: Vec<String>| api::PreferredAllocationRequest {
-        container_requests: vec![api::ContainerPreferredAllocationRequest {
-            available_device_i_ds: available,
-            must_include_device_i_ds: must,
-            allocation_size: 2,
-        }],
+    // Asks for 2 of `available` with `must` included; the refusal it must get.
+    let refusal = async |available: Vec<String>, must: Vec<&str>| {
+        let req = api::PreferredAllocationRequest {
+            container_requests: vec![api::ContainerPreferredAllocationRequest {
+                available_device_i_ds: available,
+                must_include_device_i_ds: must.into_iter().map(Into::into).collect(),
+                allocation_size: 2,
+            }],
+        };
+        let e = f
+            .server
+            .get_preferred_allocation(Request::new(req))
+            .await
+            .expect_err("refused");
+        assert_eq!(e.code(), Code::InvalidArgument);
+        e
     };
     // 2,000 IDs: ranking them would take minutes; the bound refuses them at once.
     let made_up: Vec<String> = (0..2000).map(|i| format!("alpha-x{i}")).collect();
-    let e = f
-        .server
-        .get_preferred_allocation(Request::new(ask(made_up, vec![])))
-        .await
-        .expect_err("too many");
-    assert_eq!(e.code(), Code::InvalidArgument);
+    let e = refusal(made_up, vec![]).await;
     assert!(e.message().contains("more than 256"), "{}", e.message());
     // Within the bound but unknown: refused too, naming the device.
-    let e = f
-        .server
-        .get_preferred_allocation(Request::new(ask(
-            vec!["alpha-dev0".into(), "alpha-nope".into()],
-            vec![],
-        )))
-        .await
-        .expect_err("unknown");
-    assert_eq!(e.code(), Code::InvalidArgument);
+    let e = refusal(vec!["alpha-dev0".into(), "alpha-nope".into()], vec![]).await;
     assert!(e.message().contains("alpha-nope"), "{}", e.message());
-    let e = f
-        .server
-        .get_preferred_allocation(Request::new(ask(
-            vec!["alpha-dev0".into(), "alpha-dev1".into()],
-            vec!["beta-nope".into()],
-        )))
-        .await
-        .expect_err("unknown must-include");
-    assert_eq!(e.code(), Code::InvalidArgument);
+    refusal(
+        vec!["alpha-dev0".into(), "alpha-dev1".into()],
+        vec!["beta-nope"],
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -268,30 +264,48 @@ async fn allocate_refuses_more_ids_than_a_node_can_have() {
     assert_eq!(e.code(), Code::InvalidArgument);
 }
 
-#[tokio::test]
-async fn health_loop_publishes_transitions_from_signals_and_probes() {
-    let fake = Arc::new(FakeBackend::new("alpha", 2, 2));
+/// The health loop over `fake` (its event source connected), probing every `probe_every` and
+/// holding a recovered device back for `quiet`; returns the health view and the stop switch
+/// (the loop runs while it is held).
+fn start_health_loop(
+    fake: &Arc<FakeBackend>,
+    quiet: Duration,
+    probe_every: Duration,
+    metrics: &Metrics,
+) -> (watch::Receiver<Arc<HealthMap>>, watch::Sender<bool>) {
     let backends = Backends::new(vec![fake.clone() as Arc<dyn DeviceBackend>]).expect("backends");
     let tracker = HealthTracker::new(
         backends
             .devices()
             .map(|d| (d.id.as_str(), d.vendor.as_str())),
-        Duration::from_millis(200),
+        quiet,
     );
-    let (tx, mut rx) = watch::channel(Arc::new(tracker.snapshot()));
+    let (tx, rx) = watch::channel(Arc::new(tracker.snapshot()));
     let (sig_tx, sig_rx) = tokio::sync::mpsc::unbounded_channel();
     fake.watch(sig_tx).expect("watch");
-    let (_stop, stop_rx) = watch::channel(false);
-    let metrics = Metrics::new();
+    let (stop, stop_rx) = watch::channel(false);
     tokio::spawn(crate::health::run(
         backends,
         tracker,
         sig_rx,
-        Duration::from_millis(20),
+        probe_every,
         tx,
         metrics.clone(),
         stop_rx,
     ));
+    (rx, stop)
+}
+
+#[tokio::test]
+async fn health_loop_publishes_transitions_from_signals_and_probes() {
+    let fake = Arc::new(FakeBackend::new("alpha", 2, 2));
+    let metrics = Metrics::new();
+    let (mut rx, _stop) = start_health_loop(
+        &fake,
+        Duration::from_millis(200),
+        Duration::from_millis(20),
+        &metrics,
+    );
     let wait_for = |rx: &mut watch::Receiver<Arc<HealthMap>>, id: &'static str, h: Health| {
         let mut rx = rx.clone();
         async move {
@@ -330,27 +344,14 @@ async fn health_loop_publishes_transitions_from_signals_and_probes() {
 #[tokio::test]
 async fn a_hung_probe_marks_devices_unhealthy_then_they_recover() {
     let fake = Arc::new(FakeBackend::new("alpha", 2, 2));
-    let backends = Backends::new(vec![fake.clone() as Arc<dyn DeviceBackend>]).expect("backends");
-    let tracker = HealthTracker::new(
-        backends
-            .devices()
-            .map(|d| (d.id.as_str(), d.vendor.as_str())),
-        Duration::ZERO,
-    );
-    let (tx, rx) = watch::channel(Arc::new(tracker.snapshot()));
-    let (_sig_tx, sig_rx) = tokio::sync::mpsc::unbounded_channel();
-    let (_stop, stop_rx) = watch::channel(false);
     // The first round hangs for 3 s; the loop gives up on it after 2 s.
     fake.set_probe_delay(Some(Duration::from_secs(3)));
-    tokio::spawn(crate::health::run(
-        backends,
-        tracker,
-        sig_rx,
+    let (rx, _stop) = start_health_loop(
+        &fake,
+        Duration::ZERO,
         Duration::from_millis(50),
-        tx,
-        Metrics::new(),
-        stop_rx,
-    ));
+        &Metrics::new(),
+    );
     tokio::time::sleep(Duration::from_millis(100)).await;
     fake.set_probe_delay(None);
     let mut r = rx.clone();

@@ -285,6 +285,15 @@ pub struct Registry {
     pub calls: Arc<Mutex<Vec<Call>>>,
 }
 
+impl Registry {
+    /// A registry that hands out `name` as the unified resource name.
+    pub fn named(name: &str) -> Self {
+        let r = Registry::default();
+        *r.name.lock().expect("lock") = name.into();
+        r
+    }
+}
+
 #[tonic::async_trait]
 impl kapi::registry_service_server::RegistryService for Registry {
     async fn report_plugin(
@@ -309,6 +318,15 @@ impl kapi::registry_service_server::RegistryService for Registry {
 }
 
 /// Serves the stub on `addr` (127.0.0.1:port).
+/// Serves `reg` on a fresh loopback port; returns its `http://` address and the server task.
+pub async fn serve_registry_on_loopback(reg: Registry) -> (String, JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = format!("http://{}", listener.local_addr().expect("addr"));
+    (addr, serve_registry(reg, listener).await)
+}
+
 pub async fn serve_registry(reg: Registry, listener: tokio::net::TcpListener) -> JoinHandle<()> {
     tokio::spawn(async move {
         let _ = tonic::transport::Server::builder()

@@ -182,18 +182,14 @@ impl RealCluster {
             &format!("node {ip} Ready"),
             Duration::from_secs(90),
             Duration::from_millis(200),
-            || {
-                let nodes = nodes.clone();
-                let ip = ip.clone();
-                async move {
-                    let n = nodes.get_opt(&ip).await.ok().flatten()?;
-                    let ready = n
-                        .status?
-                        .conditions?
-                        .into_iter()
-                        .any(|c| c.type_ == "Ready" && c.status == "True");
-                    ready.then_some(())
-                }
+            async || {
+                let n = nodes.get_opt(&ip).await.ok().flatten()?;
+                let ready = n
+                    .status?
+                    .conditions?
+                    .into_iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                ready.then_some(())
             },
         )
         .await;

@@ -112,29 +112,26 @@ fn long_runs_emit_snapshots_with_one_run_id_and_unique_report_ids() {
 #[test]
 fn failed_pod_ends_its_run_once_as_failed_with_metadata() {
     let store = PodMetaStore::default();
-    store.apply(
-        "ml",
-        "train",
-        PodMeta {
+    // Pod ml/train (uid u1) of class bert, as its metadata changes.
+    let train = |meta: PodMeta| {
+        let meta = PodMeta {
             uid: "u1".into(),
             class: "bert".into(),
-            work: Some(10.0),
-            ..Default::default()
-        },
-    );
+            ..meta
+        };
+        store.apply("ml", "train", meta);
+    };
+    train(PodMeta {
+        work: Some(10.0),
+        ..Default::default()
+    });
     let mut t = RunTracker::new(cfg(None));
     let mut reports = drive(&mut t, &store, &[(true, 80.0, 80.0); 3]);
-    store.apply(
-        "ml",
-        "train",
-        PodMeta {
-            uid: "u1".into(),
-            class: "bert".into(),
-            failed: true,
-            ended: true,
-            ..Default::default()
-        },
-    );
+    train(PodMeta {
+        failed: true,
+        ended: true,
+        ..Default::default()
+    });
     // The kubelet still lists the devices for a while after the pod failed.
     for i in 3..6 {
         let r = [reading("GPU-a", 0.0), reading("GPU-b", 0.0)];

@@ -31,14 +31,19 @@ pub fn entry(model: &str, n: usize, mem: u64) -> VendorEntry {
     }
 }
 
-/// An index (standalone, so ready) with `nodes` as (name, vendor, model, devices).
-pub fn mk_index(nodes: &[(&str, &str, &str, usize)]) -> SharedIndex {
-    let mut idx = Index::new(
+/// An empty index, standalone (so ready), with the default scheduler.
+pub fn empty_index() -> Index {
+    Index::new(
         UNIFIED,
         120.0,
         Scheduler::new(SchedulerConfig::default()),
         false,
-    );
+    )
+}
+
+/// An index (standalone, so ready) with `nodes` as (name, vendor, model, devices).
+pub fn mk_index(nodes: &[(&str, &str, &str, usize)]) -> SharedIndex {
+    let mut idx = empty_index();
     let mut cfg = PluginConfig::default();
     for (name, vendor, model, n) in nodes {
         cfg.upsert(name, vendor, entry(model, *n, 80 << 30), UNIFIED);
@@ -66,6 +71,32 @@ pub fn standard_index() -> SharedIndex {
         },
     );
     index
+}
+
+/// The gRPC ingestion over `index` and `store`, with static tokens `t-<node>` for `nodes`. No
+/// drain in these tests: the dropped sender never signals one.
+pub fn ingest(
+    index: SharedIndex,
+    store: Arc<dyn kudos_orchestrator::store::Store>,
+    nodes: &[&str],
+    metrics: Arc<Metrics>,
+) -> Arc<kudos_orchestrator::grpc::Ingest> {
+    let (_, draining) = tokio::sync::watch::channel(false);
+    let tokens = nodes.iter().map(|n| (format!("t-{n}"), n.to_string()));
+    Arc::new(kudos_orchestrator::grpc::Ingest {
+        runs: run_writer(store.clone(), index.clone(), metrics.clone()),
+        index,
+        store,
+        auth: Arc::new(kudos_orchestrator::auth::StaticAuthenticator::new(
+            tokens.collect(),
+        )),
+        metrics,
+        unified: UNIFIED.into(),
+        heartbeat_max_age: 120.0,
+        lock: tokio::sync::Mutex::new(()),
+        draining,
+        plugin_updates: tokio::sync::watch::Sender::new(Default::default()),
+    })
 }
 
 /// The run writer and learner of an ingestion fixture (needs a tokio runtime).
@@ -201,6 +232,20 @@ pub async fn call(
     let v = serde_json::from_slice(&bytes)
         .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&bytes).into()));
     (status, v)
+}
+
+/// `POST` of `body` (JSON) through the router.
+pub async fn post(
+    app: &axum::Router,
+    uri: &str,
+    body: Vec<u8>,
+) -> (axum::http::StatusCode, serde_json::Value) {
+    call(app.clone(), "POST", uri, body).await
+}
+
+/// `GET` through the router.
+pub async fn get(app: &axum::Router, uri: &str) -> (axum::http::StatusCode, serde_json::Value) {
+    call(app.clone(), "GET", uri, vec![]).await
 }
 
 /// Waits until the learner has published a model that includes run `seq` (learning is

@@ -1,6 +1,27 @@
-//! Shared by the integration tests that run on Gavel's throughput table.
+//! Shared by the integration tests: Gavel's throughput table and the run reports they feed
+//! the scheduler.
+// Each test binary uses its own part.
+#![allow(dead_code)]
 
+use kudos_scheduler_core::{NodeState, RunObservation};
 use std::path::PathBuf;
+
+/// A completed one-GPU run of `class` on `node`, from `start` to `end`, with nothing measured
+/// but its times.
+pub fn completed_run(node: &NodeState, class: &str, start: f64, end: f64) -> RunObservation {
+    RunObservation {
+        node: node.name.clone(),
+        class: class.into(),
+        profile: node.profile.clone(),
+        gpus: 1,
+        start,
+        end,
+        completed: true,
+        progress: None,
+        gpu_busy_seconds: None,
+        work_units: None,
+    }
+}
 
 /// Gavel's table (Narayanan et al., OSDI 2020, MIT licence):
 /// `$KUDOS_DATA_DIR/gavel/isolated_throughputs.csv` (or `../shared/data` beside the checkout)
