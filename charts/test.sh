@@ -80,6 +80,8 @@ count() { # count <file> <fixed string> <n> <what>
   if [[ $n == "$3" ]]; then pass "$4"; else fail "$4: '$2' $n times in $(basename "$1"), want $3"; fi
 }
 d=$tmp/default.yaml c=$tmp/custom-out.yaml m=$tmp/minimal-out.yaml
+tpl --set nvidia.devDir=/dev > "$tmp/devdir.yaml"
+count "$tmp/devdir.yaml" "terminationMessagePath: /run/termination-log" 2 "devDir set: plugin and agent keep the termination log off the read-only /dev"
 has $d "image: localhost/kudos/kudos-orchestrator:0.1.0" "default images: registry localhost, tag appVersion"
 has $d "image: registry.k8s.io/kube-scheduler:$KUBE_VERSION" "scheduler image follows the cluster's version"
 has $d "- schedulerName: kudos" "second scheduler profile is 'kudos'"
@@ -87,7 +89,9 @@ has $d "urlPrefix: http://kudos-orchestrator.kudos-system.svc:8888/kudos/v1" "ex
 count $d "--orchestrator-url=http://kudos-orchestrator.kudos-system.svc:8889" 1 "node agent gets the orchestrator gRPC address"
 count $d "--orchestrator-addr=http://kudos-orchestrator.kudos-system.svc:8889" 1 "device plugin gets the orchestrator gRPC address"
 count $d "audience: kudos-orchestrator" 2 "plugin and agent get a token for audience kudos-orchestrator"
-count $d "value: /run/kudos/nvml-lib/libnvidia-ml.so.1" 2 "plugin and agent load NVML from the host driver directory"
+hasnt $d "/run/kudos/nvml-lib" "by default the NVIDIA toolkit delivers NVML, no host driver path"
+hasnt $d "mountPath: /dev" "by default the NVIDIA toolkit delivers the device nodes, no /dev mount"
+count $c "value: /run/kudos/nvml-lib/libnvidia-ml.so.1" 2 "driverLibraryDir set: plugin and agent load NVML from the host driver directory"
 count $d "name: NVIDIA_VISIBLE_DEVICES" 2 "plugin and agent ask the NVIDIA toolkit for the devices"
 count $d "automountServiceAccountToken: false" 1 "only the device plugin (no API calls) goes without an API token"
 has $d "{key: kudos.dev/plugin-group, operator: DoesNotExist}" "bootstrap plugin stays off nodes a rendered plugin group owns"
