@@ -471,10 +471,11 @@ impl Settings {
             _ => String::new(),
         };
         format!(
-            "{}, info: {}, {} jobs; table: {table}; {} GPUs ({}); {seeds}",
+            "{}, info: {}, {} jobs; table: {table}; {} nodes, {} GPUs ({}); {seeds}",
             self.workload_name(),
             self.kudos.info.name(),
             self.workload.jobs,
+            self.cluster.nodes.len(),
             self.cluster.total_gpus(),
             self.cluster_types()
         )
