@@ -114,6 +114,12 @@ pub struct Args {
     /// Where a sweep writes its SVG plot.
     #[arg(long, default_value = "kudos-sim-sweep.svg", value_name = "FILE")]
     pub plot: PathBuf,
+    /// Also write a markdown summary of the results to FILE: per rate, every policy's average JCT with its spread over seeds, Kudos' ratios to kube-default, the greedy oracle and fastest-type with their per-seed spread, MAPE@5, and which headline targets are missed.
+    #[arg(long, value_name = "FILE")]
+    pub summary: Option<PathBuf>,
+    /// Also write one CSV row per (rate, policy, seed) with its metrics to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub seeds_csv: Option<PathBuf>,
     /// Also write one CSV row per job and run (policy, rate, seed, class, job type, GPUs, arrival, start, end, GPU types used, prediction) to FILE.
     #[arg(long, value_name = "FILE")]
     pub jobs_csv: Option<PathBuf>,
@@ -147,6 +153,10 @@ pub struct Settings {
     pub plot: PathBuf,
     /// Per-job CSV path.
     pub jobs_csv: Option<PathBuf>,
+    /// Markdown summary path.
+    pub summary: Option<PathBuf>,
+    /// Per-seed CSV path.
+    pub seeds_csv: Option<PathBuf>,
     /// Mid-run events, sorted by time (joining nodes are in `cluster`, offline).
     pub events: Vec<Event>,
     /// Where to write Kudos' learned state.
@@ -406,6 +416,8 @@ impl Settings {
             json: a.json,
             plot: a.plot.clone(),
             jobs_csv: a.jobs_csv.clone(),
+            summary: a.summary.clone(),
+            seeds_csv: a.seeds_csv.clone(),
             window,
             sources,
             cluster_note,
@@ -459,10 +471,11 @@ impl Settings {
             _ => String::new(),
         };
         format!(
-            "{}, info: {}, {} jobs; table: {table}; {} GPUs ({}); {seeds}",
+            "{}, info: {}, {} jobs; table: {table}; {} nodes, {} GPUs ({}); {seeds}",
             self.workload_name(),
             self.kudos.info.name(),
             self.workload.jobs,
+            self.cluster.nodes.len(),
             self.cluster.total_gpus(),
             self.cluster_types()
         )

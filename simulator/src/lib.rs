@@ -23,6 +23,7 @@ pub mod output;
 pub mod plot;
 pub mod policy;
 pub mod sim;
+pub mod summary;
 pub mod throughput;
 pub mod workload;
 
@@ -188,6 +189,23 @@ pub fn run(s: &Settings) -> anyhow::Result<()> {
     } else {
         println!("{}", s.describe_text());
         print!("{}", output::table(&cells));
+    }
+    if let Some(path) = &s.summary {
+        let command: Vec<String> = std::iter::once("kudos-sim".to_owned())
+            .chain(std::env::args().skip(1))
+            .collect();
+        let header = format!(
+            "# {}\n\n```\n{}```\n\nCommand: `{}`\n",
+            s.plot_title(),
+            s.describe_text(),
+            command.join(" ")
+        );
+        std::fs::write(path, summary::markdown(&cells, &header))
+            .map_err(|e| anyhow::anyhow!("--summary {}: {e}", path.display()))?;
+    }
+    if let Some(path) = &s.seeds_csv {
+        std::fs::write(path, summary::seeds_csv(&cells, s.kudos.info.name()))
+            .map_err(|e| anyhow::anyhow!("--seeds-csv {}: {e}", path.display()))?;
     }
     if s.rates.len() > 1 {
         plot::plot(&cells, &s.plot, &s.plot_title())?;

@@ -44,7 +44,7 @@ fn spread(c: &Cell) -> String {
 }
 
 /// Renders the comparison table: one block per rate, one row per policy, with JCT ratios to
-/// kube-default and to the oracle when those policies ran.
+/// kube-default and to the greedy oracle when those policies ran.
 pub fn table(cells: &[Cell]) -> String {
     let mut out = String::new();
     let mut rates: Vec<Option<f64>> = Vec::new();

@@ -79,6 +79,7 @@ pub fn plot(cells: &[Cell], path: &Path, title: &str) -> anyhow::Result<()> {
     chart
         .configure_mesh()
         .x_desc("arrival rate (jobs/hour)")
+        .y_labels(12)
         .y_desc("average JCT (hours, log scale)")
         .draw()?;
     for (k, p) in names.iter().enumerate() {

@@ -1,7 +1,7 @@
 //! Placement policies behind one trait, so every policy runs through the same event loop.
 //!
 //! A policy sees the job's class, GPU count and declared work, and the cluster's free GPUs; only
-//! the oracle reads the hidden job type and noise. The event loop calls a policy only when a
+//! the greedy oracle reads the hidden job type and noise. The event loop calls a policy only when a
 //! placement exists, and only offers nodes whose GPU type can run the job at all (a type with no
 //! measured throughput for the job is filtered out, as a memory-fit filter would): the policies
 //! differ only in *where* they place, which is what is being measured.
@@ -231,7 +231,7 @@ impl Policy for Baseline {
 
 // === impl Oracle ===
 
-/// Knows every job's true throughput and noise: places each job where it finishes earliest
+/// The greedy oracle. Knows every job's true throughput and noise: places each job where it finishes earliest
 /// among the placements available now (the fastest free GPU type for its job type; for a gang,
 /// the best pace its slowest member can reach, on the slowest GPUs that reach it). Non-preemptive and
 /// without lookahead, like the others. It is *greedy per job*, not a bound: taking the fastest
