@@ -20,6 +20,8 @@ use kudos_e2e::realnode::kudos::{self, ORCHESTRATOR_HTTP};
 use kudos_e2e::realnode::{RealCluster, gpus};
 use kudos_e2e::{ExtenderOptions, RunDir, http, require_bins};
 use serde_json::json;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const JOBS: usize = 40;
@@ -156,7 +158,60 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
 
     // 40 jobs over time; the kubelet of node a restarts in the middle.
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    // Finished pods are recorded as they finish, and a job is submitted only while a device is
+    // free, as a batch queue (Kueue, Volcano) would: kube-scheduler v1.37 does not retry a pod
+    // that waited for a device when another pod finishes, only after
+    // podMaxInUnschedulablePodsDuration (5 min), measured here (waves 5 min apart).
+    let finished: Arc<Mutex<BTreeMap<String, (String, String)>>> = Arc::default();
+    let reaper = tokio::spawn({
+        let (pods, finished) = (pods.clone(), finished.clone());
+        async move {
+            loop {
+                let list = match pods.list(&ListParams::default()).await {
+                    Ok(list) => list,
+                    Err(e) => {
+                        eprintln!("reaper: listing pods failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    }
+                };
+                {
+                    for p in list.items {
+                        let (Some(name), Some(node), Some(phase)) = (
+                            p.metadata.name.clone(),
+                            p.spec.as_ref().and_then(|s| s.node_name.clone()),
+                            p.status.as_ref().and_then(|s| s.phase.clone()),
+                        ) else {
+                            continue;
+                        };
+                        if phase != "Succeeded" && phase != "Failed" {
+                            continue;
+                        }
+                        if let Ok(mut done) = finished.lock()
+                            && done
+                                .insert(name.clone(), (node.clone(), phase.clone()))
+                                .is_none()
+                        {
+                            eprintln!("finished: {name} on {node}: {phase}");
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    });
+    let capacity = 2 * gpus::GPUS_PER_NODE as usize;
     for i in 0..JOBS {
+        wait_for(
+            "a free device for the next job",
+            Duration::from_secs(120),
+            Duration::from_millis(200),
+            async || {
+                let done = finished.lock().ok()?.len();
+                (i - done < capacity).then_some(())
+            },
+        )
+        .await?;
         pods.create(&PostParams::default(), &job(i)).await?;
         if i == JOBS / 2 {
             cluster.nodes[0].restart_kubelet()?;
@@ -169,20 +224,16 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
         Duration::from_secs(600),
         Duration::from_secs(1),
         async || {
-            let list = pods.list(&ListParams::default()).await.ok()?;
-            let mut out = Vec::new();
-            for p in list.items {
-                let st = p.status.clone()?;
-                let phase = st.phase?;
-                if phase != "Succeeded" && phase != "Failed" {
-                    return None;
-                }
-                out.push((p.metadata.name?, p.spec?.node_name?, phase));
-            }
-            (out.len() == JOBS).then_some(out)
+            let done = finished.lock().ok()?;
+            (done.len() == JOBS).then(|| {
+                done.iter()
+                    .map(|(n, (node, ph))| (n.clone(), node.clone(), ph.clone()))
+                    .collect::<Vec<_>>()
+            })
         },
     )
     .await?;
+    reaper.abort();
     let failed: Vec<_> = placed
         .iter()
         .filter(|(_, _, ph)| ph != "Succeeded")

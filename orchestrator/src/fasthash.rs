@@ -56,6 +56,8 @@ impl Hasher for FxHasher {
 
 /// A `HashMap` with [`FxHasher`].
 pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+/// A `HashSet` with [`FxHasher`].
+pub type FastSet<T> = std::collections::HashSet<T, BuildHasherDefault<FxHasher>>;
 
 #[cfg(test)]
 mod tests {

@@ -44,8 +44,8 @@ pub fn shipped_manifests() -> Result<Vec<Value>> {
 /// - pods of workloads run with `hostNetwork` (no kube-proxy: Service IPs do not route, and no
 ///   cluster DNS: Service names do not resolve), reach the API server through an explicit
 ///   `KUBERNETES_SERVICE_HOST`/`PORT`, and the orchestrator's Service name becomes loopback;
-/// - DaemonSet pods bind their metrics port on the node's own IP (`KUDOS_METRICS_ADDR`), since
-///   all nodes share the host's network namespace here.
+/// - DaemonSet pods bind their metrics port on the node's own IP (`--metrics-addr` or
+///   `KUDOS_METRICS_ADDR`), since all nodes share the host's network namespace here.
 pub fn adapt(mut obj: Value, api_port: u16) -> Value {
     let kind = obj["kind"].as_str().unwrap_or_default().to_string();
     if kind != "Deployment" && kind != "DaemonSet" {
@@ -62,6 +62,14 @@ pub fn adapt(mut obj: Value, api_port: u16) -> Value {
             for a in args.iter_mut() {
                 if let Some(s) = a.as_str().filter(|s| s.contains(SERVICE_HOST)) {
                     *a = json!(s.replace(SERVICE_HOST, "127.0.0.1"));
+                }
+                // Every node shares the host's network here: each binds its own node IP.
+                if kind == "DaemonSet"
+                    && let Some(port) = a
+                        .as_str()
+                        .and_then(|s| s.strip_prefix("--metrics-addr=0.0.0.0:"))
+                {
+                    *a = json!(format!("--metrics-addr=$(HOST_IP):{port}"));
                 }
             }
         }

@@ -41,8 +41,7 @@ const MAX_EXPLAINED: usize = 4096;
 /// Unknown nodes kept per explained ranking (the count is kept in full).
 const MAX_EXPLAINED_UNKNOWN: usize = 100;
 
-type FastSet<T> =
-    std::collections::HashSet<T, std::hash::BuildHasherDefault<crate::fasthash::FxHasher>>;
+use crate::fasthash::FastSet;
 
 /// What `GET /explain/{namespace}/{pod}` returns: the last ranking computed for the pod.
 #[derive(Clone, Debug, Serialize)]

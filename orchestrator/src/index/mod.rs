@@ -22,7 +22,7 @@
 //! that happened while this process was down. Binds this process made but the watch has not
 //! shown yet are added by the extender from its own ledger (see [`crate::extender::Ledger`]).
 
-use crate::fasthash::FastMap;
+use crate::fasthash::{FastMap, FastSet};
 use crate::kobj::{NodeInfo, PodFacts, Requests};
 use crate::state::{PluginConfig, ProfileRecord, RunOutcome, StoredRun};
 use kudos_scheduler_core::{
@@ -70,6 +70,9 @@ pub struct Index {
     heartbeat_max_age: f64,
     nodes: FastMap<String, NodeInfo>,
     pods: FastMap<String, (String, Requests)>,
+    /// Pods the watch has shown ended (terminal or deleted), oldest first, at most
+    /// [`MAX_ENDED_PODS`]: an assumed bind of one of them must not count again.
+    ended: EndedPods,
     used: FastMap<String, Requests>,
     plugin_config: PluginConfig,
     /// Device profile per node from `plugin_config`, computed once per configuration change.
@@ -90,6 +93,36 @@ pub struct Index {
     excluded: FastMap<String, String>,
     /// Class → its latest third queue (`/explain`), at most `MAX_THIRD_QUEUES` classes.
     third_queues: BTreeMap<String, ThirdQueue>,
+}
+
+/// Ended pods remembered (by UID) so that the extender's assumed binds of them are dropped:
+/// far more than end within the extender's assume window (5 min).
+const MAX_ENDED_PODS: usize = 65_536;
+
+/// A bounded FIFO set of pod keys.
+#[derive(Default)]
+struct EndedPods {
+    order: std::collections::VecDeque<String>,
+    set: FastSet<String>,
+}
+
+impl EndedPods {
+    fn insert(&mut self, key: &str) {
+        if self.set.contains(key) {
+            return;
+        }
+        if self.order.len() >= MAX_ENDED_PODS
+            && let Some(old) = self.order.pop_front()
+        {
+            self.set.remove(&old);
+        }
+        self.order.push_back(key.to_owned());
+        self.set.insert(key.to_owned());
+    }
+
+    fn contains(&self, key: &str) -> bool {
+        self.set.contains(key)
+    }
 }
 
 /// Classes whose latest third queue is kept (the oldest is dropped beyond).
@@ -140,6 +173,7 @@ impl Index {
             heartbeat_max_age,
             nodes: FastMap::default(),
             pods: FastMap::default(),
+            ended: EndedPods::default(),
             used: FastMap::default(),
             plugin_config: PluginConfig {
                 unified_resource_name: unified.to_owned(),
@@ -200,6 +234,9 @@ impl Index {
         self.generation += 1;
         let key = pod_key(pod);
         self.remove_pod(&key);
+        if pod.terminated {
+            self.ended.insert(&key);
+        }
         if let (Some(node), false) = (&pod.node_name, pod.terminated) {
             self.used.entry(node.clone()).or_default().add(pod.requests);
             self.pods.insert(key, (node.clone(), pod.requests));
@@ -209,7 +246,9 @@ impl Index {
     /// Removes a pod.
     pub fn delete_pod(&mut self, pod: &PodFacts) {
         self.generation += 1;
-        self.remove_pod(&pod_key(pod));
+        let key = pod_key(pod);
+        self.ended.insert(&key);
+        self.remove_pod(&key);
     }
 
     fn remove_pod(&mut self, key: &str) {
@@ -231,9 +270,11 @@ impl Index {
         self.pods_synced = true;
     }
 
-    /// Whether the pod (by UID) is known to the Pod watch as bound.
+    /// Whether the Pod watch accounts for the pod (by UID): bound and counted, or already ended
+    /// or deleted. Either way an assumed bind of it must not count: a pod that ended before the
+    /// assumption expired would otherwise hold its devices for the rest of the assume window.
     pub fn knows_bound_pod(&self, uid: &str) -> bool {
-        self.pods.contains_key(uid)
+        self.pods.contains_key(uid) || self.ended.contains(uid)
     }
 
     /// Ready to answer the extender: node (and pod) lists synced at least once.

@@ -70,6 +70,34 @@ fn free_devices_follow_bound_pods() {
     assert_eq!(s[0].free_devices, 2);
 }
 
+/// Found on real kubelets: a pod bound through the extender, then shown running and then
+/// Succeeded by the watch, must not fall back to the extender's assumption (which would hold its
+/// device for the rest of the 5-minute assume window).
+#[test]
+fn an_ended_pod_is_known_so_its_assumed_bind_stops_counting() {
+    let mut idx = mk_index();
+    idx.reset_nodes(vec![node_info(&mk_node("n1", 4, true), GPU)]);
+    idx.reset_pods(&[]);
+    assert!(!idx.knows_bound_pod("uid-job"));
+    idx.apply_pod(&pod_facts(&mk_pod("job", Some("n1"), 1, "Running"), GPU).unwrap());
+    assert!(idx.knows_bound_pod("uid-job"));
+    idx.apply_pod(&pod_facts(&mk_pod("job", Some("n1"), 1, "Succeeded"), GPU).unwrap());
+    assert!(idx.knows_bound_pod("uid-job"), "ended pods stay known");
+    assert_eq!(state(&idx, "n1", 0.0).free_devices, 4);
+    // A pod deleted before the watch ever showed it ended is known too.
+    idx.apply_pod(&pod_facts(&mk_pod("gone", Some("n1"), 1, "Running"), GPU).unwrap());
+    idx.delete_pod(&pod_facts(&mk_pod("gone", Some("n1"), 1, "Running"), GPU).unwrap());
+    assert!(idx.knows_bound_pod("uid-gone"));
+    // Bounded: the oldest ended pods are forgotten first.
+    for i in 0..MAX_ENDED_PODS {
+        idx.delete_pod(
+            &pod_facts(&mk_pod(&format!("p{i}"), Some("n1"), 1, "Running"), GPU).unwrap(),
+        );
+    }
+    assert!(!idx.knows_bound_pod("uid-job"));
+    assert!(idx.knows_bound_pod(&format!("uid-p{}", MAX_ENDED_PODS - 1)));
+}
+
 #[test]
 fn health_from_readiness_devices_and_heartbeats() {
     let mut idx = mk_index();
