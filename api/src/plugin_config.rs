@@ -204,6 +204,16 @@ impl PluginConfig {
         changed
     }
 
+    /// Forgets `node` (deleted from the cluster); bumps the generation and returns true only if
+    /// it was there.
+    pub fn remove_node(&mut self, node: &str) -> bool {
+        let removed = self.nodes.remove(node).is_some();
+        if removed {
+            self.generation += 1;
+        }
+        removed
+    }
+
     /// The device profile of a node from its reported devices: the vendor with the most
     /// devices, its most common model, the smallest memory among those, and the count.
     pub fn profile(&self, node: &str) -> Option<ProfileRecord> {

@@ -190,6 +190,22 @@ impl Ingest {
         })
     }
 
+    /// Prunes a node deleted from the cluster from the persisted plugin configuration (the
+    /// one writer of it, like [`Self::report_plugin`]). Returns whether it was configured.
+    pub async fn forget_node(&self, node: &str) -> Result<bool, IngestError> {
+        let _g = self.lock.lock().await;
+        let mut cfg = self.index.read().plugin_config().clone();
+        if !cfg.remove_node(node) {
+            return Ok(false);
+        }
+        self.store.save_plugin_config(cfg.clone()).await?;
+        self.index.write().set_plugin_config(cfg.clone());
+        self.metrics.plugin_generation.set(cfg.generation as i64);
+        tracing::info!(node = %node, generation = cfg.generation, "deleted node pruned from the plugin configuration");
+        self.plugin_updates.send_replace(cfg);
+        Ok(true)
+    }
+
     async fn heartbeat(
         &self,
         req: Request<pb::HeartbeatRequest>,

@@ -299,12 +299,14 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
     watchdog
         .spawn(&index, health::DEFAULT_PROBE_PERIOD, metrics.clone())
         .context("starting the index watchdog thread")?;
+    let (deleted_nodes, mut deleted_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     if let Some(c) = &client {
         watch::spawn(
             c.clone(),
             index.clone(),
             metrics.clone(),
             s.unified_resource_name.clone(),
+            deleted_nodes,
         );
     }
     let (drain_tx, drain_rx) = tokio_watch::channel(false);
@@ -371,6 +373,18 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         draining: drain_rx.clone(),
         // Rollout subscribes here (rollout::start) when enabled.
         plugin_updates: tokio_watch::Sender::new(index.read().plugin_config().clone()),
+    });
+    // Deleted nodes leave the persisted plugin configuration (and with it /state and rollout).
+    tokio::spawn({
+        let ingest = ingest.clone();
+        async move {
+            while let Some(node) = deleted_rx.recv().await {
+                if let Err(e) = ingest.forget_node(&node).await {
+                    tracing::warn!(node = %node, error = %e, "pruning a deleted node failed; it is retried at the next node relist");
+                }
+            }
+        }
+        .instrument(tracing::info_span!("node_pruning"))
     });
     let mut rx = drain_rx.clone();
     rollout::start(

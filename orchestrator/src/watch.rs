@@ -16,8 +16,16 @@ use kube::runtime::watcher::{self, Event};
 use std::sync::Arc;
 use tracing::Instrument;
 
-/// Spawns both watches; they run until the process ends.
-pub fn spawn(client: kube::Client, index: SharedIndex, metrics: Arc<Metrics>, unified: String) {
+/// Spawns both watches; they run until the process ends. Names of deleted nodes that still
+/// have a plugin configuration go to `deleted_nodes`, for the one writer of that configuration
+/// to prune (the watch only translates).
+pub fn spawn(
+    client: kube::Client,
+    index: SharedIndex,
+    metrics: Arc<Metrics>,
+    unified: String,
+    deleted_nodes: tokio::sync::mpsc::UnboundedSender<String>,
+) {
     let nodes: kube::Api<Node> = kube::Api::all(client.clone());
     let idx = index.clone();
     let uni = unified.clone();
@@ -32,13 +40,18 @@ pub fn spawn(client: kube::Client, index: SharedIndex, metrics: Arc<Metrics>, un
                 match ev {
                     Ok(Event::Apply(n)) => index.apply_node(kobj::node_info(&n, &uni)),
                     Ok(Event::Delete(n)) => {
-                        index.delete_node(n.metadata.name.as_deref().unwrap_or(""))
+                        let name = n.metadata.name.unwrap_or_default();
+                        index.delete_node(&name);
+                        let _ = deleted_nodes.send(name);
                     }
                     Ok(Event::Init) => buf.clear(),
                     Ok(Event::InitApply(n)) => buf.push(kobj::node_info(&n, &uni)),
                     Ok(Event::InitDone) => {
                         let n = buf.len();
                         index.reset_nodes(std::mem::take(&mut buf));
+                        for gone in index.configured_nodes_not_listed() {
+                            let _ = deleted_nodes.send(gone);
+                        }
                         tracing::info!(nodes = n, "node list synced");
                     }
                     Err(e) => {

@@ -315,3 +315,28 @@ async fn vendor_names_that_cannot_name_a_plugin_group_are_refused() {
         "{status:?}"
     );
 }
+
+/// A node deleted from the cluster leaves the persisted plugin configuration (and so `/state`
+/// and rollout's groups), once: found on real kubelets, where a deleted node stayed forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_node_is_pruned_from_the_persisted_configuration() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, index, ingest) = ingest_for_n1(&dir);
+    let mut published = ingest.plugin_updates.subscribe();
+    Services(ingest.clone())
+        .report_plugin(with_token(plugin("n1", 2, true), Some("t-n1")))
+        .await
+        .unwrap();
+    assert!(index.read().plugin_config().nodes.contains_key("n1"));
+    assert!(ingest.forget_node("n1").await.unwrap());
+    let cfg = index.read().plugin_config().clone();
+    assert!(!cfg.nodes.contains_key("n1"));
+    assert_eq!(cfg.generation, 2);
+    assert_eq!(store.load().await.unwrap().plugin_config, cfg, "persisted");
+    assert_eq!(published.borrow_and_update().generation, 2, "published");
+    assert!(
+        !ingest.forget_node("n1").await.unwrap(),
+        "nothing left to prune"
+    );
+    assert_eq!(index.read().plugin_config().generation, 2);
+}

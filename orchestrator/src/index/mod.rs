@@ -216,10 +216,24 @@ impl Index {
         self.nodes.len()
     }
 
-    /// Removes a node.
+    /// Removes a node, with its heartbeats and device health (its plugin configuration is
+    /// pruned by [`crate::grpc::Ingest::forget_node`], which persists it).
     pub fn delete_node(&mut self, name: &str) {
         self.generation += 1;
         self.nodes.remove(name);
+        self.heartbeats.remove(name);
+        self.device_health.remove(name);
+    }
+
+    /// Nodes in the plugin configuration that the Node watch does not list (deleted while the
+    /// orchestrator was not watching).
+    pub fn configured_nodes_not_listed(&self) -> Vec<String> {
+        self.plugin_config
+            .nodes
+            .keys()
+            .filter(|n| !self.nodes.contains_key(*n))
+            .cloned()
+            .collect()
     }
 
     /// Replaces all nodes (after a watch restart) and marks nodes synced.
