@@ -27,8 +27,16 @@ tmp=$(mktemp -d)
 pids=()
 opid=""
 cleanup() {
-  for p in "${pids[@]}" $opid; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}" $opid; do wait "$p" 2>/dev/null || true; done
+  # Newest first (the apiserver before its etcd): an apiserver whose etcd is gone can hang on
+  # SIGTERM, so whatever is still alive after 10 s gets SIGKILL.
+  local all=($opid) i p
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do all+=("${pids[i]}"); done
+  for p in "${all[@]}"; do
+    kill "$p" 2>/dev/null || continue
+    for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$p" 2>/dev/null || true
+  done
+  for p in "${all[@]}"; do wait "$p" 2>/dev/null || true; done
   rm -rf "$tmp"
 }
 trap cleanup EXIT
