@@ -134,16 +134,6 @@ impl Ingest {
         let r = req.into_inner();
         Self::check_node(&caller, &r.node)?;
         check_plugin_report(&r).map_err(IngestError::Invalid)?;
-        // The vendor names the plugin group, its DaemonSet and image tag.
-        kudos_api::bounds::validate_vendor_name(&r.vendor)
-            .map_err(|e| IngestError::Invalid(e.to_string()))?;
-        if let Some(e) = r
-            .devices
-            .iter()
-            .find_map(|d| kudos_api::bounds::validate_device_id(&d.id).err())
-        {
-            return Err(IngestError::Invalid(e.to_string()));
-        }
         let healthy = r.devices.iter().filter(|d| d.healthy).count() as u32;
         let total = r.devices.len() as u32;
         let entry = VendorEntry {
@@ -161,7 +151,8 @@ impl Ingest {
                 .collect(),
             plugin_version: r.plugin_version,
         };
-        // The same bounds the device plugin checks before it reports (kudos-api).
+        // The same bounds the device plugin checks before it reports (kudos-api): the vendor
+        // (it names the plugin group, its DaemonSet and image tag) and every device ID.
         entry
             .validate(&r.vendor)
             .map_err(|e| IngestError::Invalid(e.to_string()))?;
