@@ -24,6 +24,7 @@ pub mod extender;
 #[cfg(test)]
 mod fake_api;
 pub mod fasthash;
+mod fifo;
 pub mod grpc;
 pub mod health;
 pub mod http;

@@ -23,6 +23,7 @@ pub mod bind;
 pub mod ledger;
 pub mod types;
 
+use crate::fifo::FifoMap;
 use crate::index::SharedIndex;
 use crate::kobj::{self, NodeInfo, PodFacts};
 use crate::metrics::Metrics;
@@ -31,7 +32,7 @@ use kudos_scheduler_core::{GangSpec, PodSpec, Ranking};
 use ledger::{Ledger, Reservation};
 use serde::Serialize;
 use std::borrow::Cow;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use types::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
@@ -66,32 +67,29 @@ pub struct Explained {
     pub unknown_nodes_total: usize,
 }
 
-/// Rankings by `namespace/name`, and the keys in insertion order for eviction.
-type ExplainMap = (HashMap<String, Arc<Explained>>, VecDeque<String>);
-
-/// The last rankings, bounded (oldest evicted first).
-#[derive(Default)]
+/// The last rankings by `namespace/name`, bounded (oldest evicted first).
 pub struct ExplainCache {
-    inner: Mutex<ExplainMap>,
+    inner: Mutex<FifoMap<String, Arc<Explained>>>,
+}
+
+impl Default for ExplainCache {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::new(FifoMap::new(MAX_EXPLAINED)),
+        }
+    }
 }
 
 impl ExplainCache {
     fn put(&self, key: String, e: Arc<Explained>) {
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if g.0.insert(key.clone(), e).is_none() {
-            g.1.push_back(key);
-            while g.1.len() > MAX_EXPLAINED {
-                if let Some(old) = g.1.pop_front() {
-                    g.0.remove(&old);
-                }
-            }
-        }
+        g.insert(key, e);
     }
 
     /// The last ranking of `namespace/pod`.
     pub fn get(&self, namespace: &str, pod: &str) -> Option<Arc<Explained>> {
         let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        g.0.get(&format!("{namespace}/{pod}")).cloned()
+        g.get(&format!("{namespace}/{pod}")).cloned()
     }
 }
 

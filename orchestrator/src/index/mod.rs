@@ -22,7 +22,8 @@
 //! that happened while this process was down. Binds this process made but the watch has not
 //! shown yet are added by the extender from its own ledger (see [`crate::extender::Ledger`]).
 
-use crate::fasthash::{FastMap, FastSet};
+use crate::fasthash::FastMap;
+use crate::fifo::FifoMap;
 use crate::kobj::{NodeInfo, PodFacts, Requests};
 use crate::state::{PluginConfig, ProfileRecord, RunOutcome, StoredRun};
 use kudos_scheduler_core::{
@@ -72,7 +73,7 @@ pub struct Index {
     pods: FastMap<String, (String, Requests)>,
     /// Pods the watch has shown ended (terminal or deleted), oldest first, at most
     /// [`MAX_ENDED_PODS`]: an assumed bind of one of them must not count again.
-    ended: EndedPods,
+    ended: FifoMap<String, ()>,
     used: FastMap<String, Requests>,
     plugin_config: PluginConfig,
     /// Device profile per node from `plugin_config`, computed once per configuration change.
@@ -98,32 +99,6 @@ pub struct Index {
 /// Ended pods remembered (by UID) so that the extender's assumed binds of them are dropped:
 /// far more than end within the extender's assume window (5 min).
 const MAX_ENDED_PODS: usize = 65_536;
-
-/// A bounded FIFO set of pod keys.
-#[derive(Default)]
-struct EndedPods {
-    order: std::collections::VecDeque<String>,
-    set: FastSet<String>,
-}
-
-impl EndedPods {
-    fn insert(&mut self, key: &str) {
-        if self.set.contains(key) {
-            return;
-        }
-        if self.order.len() >= MAX_ENDED_PODS
-            && let Some(old) = self.order.pop_front()
-        {
-            self.set.remove(&old);
-        }
-        self.order.push_back(key.to_owned());
-        self.set.insert(key.to_owned());
-    }
-
-    fn contains(&self, key: &str) -> bool {
-        self.set.contains(key)
-    }
-}
 
 /// Classes whose latest third queue is kept (the oldest is dropped beyond).
 const MAX_THIRD_QUEUES: usize = 1024;
@@ -173,7 +148,7 @@ impl Index {
             heartbeat_max_age,
             nodes: FastMap::default(),
             pods: FastMap::default(),
-            ended: EndedPods::default(),
+            ended: FifoMap::new(MAX_ENDED_PODS),
             used: FastMap::default(),
             plugin_config: PluginConfig {
                 unified_resource_name: unified.to_owned(),
@@ -249,7 +224,7 @@ impl Index {
         let key = pod_key(pod);
         self.remove_pod(&key);
         if pod.terminated {
-            self.ended.insert(&key);
+            self.ended.insert(key.clone(), ());
         }
         if let (Some(node), false) = (&pod.node_name, pod.terminated) {
             self.used.entry(node.clone()).or_default().add(pod.requests);
@@ -261,7 +236,7 @@ impl Index {
     pub fn delete_pod(&mut self, pod: &PodFacts) {
         self.generation += 1;
         let key = pod_key(pod);
-        self.ended.insert(&key);
+        self.ended.insert(key.clone(), ());
         self.remove_pod(&key);
     }
 
@@ -288,7 +263,7 @@ impl Index {
     /// or deleted. Either way an assumed bind of it must not count: a pod that ended before the
     /// assumption expired would otherwise hold its devices for the rest of the assume window.
     pub fn knows_bound_pod(&self, uid: &str) -> bool {
-        self.pods.contains_key(uid) || self.ended.contains(uid)
+        self.pods.contains_key(uid) || self.ended.get(uid).is_some()
     }
 
     /// Ready to answer the extender: node (and pod) lists synced at least once.

@@ -1,0 +1,45 @@
+//! A map bounded by insertion order: beyond its capacity the oldest key goes first. For what
+//! is kept only to answer about recent things (explanations, ended pods), keyed by user input.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
+
+/// See the module docs. Re-inserting a key replaces its value and keeps its age.
+#[derive(Debug)]
+pub struct FifoMap<K, V> {
+    map: HashMap<K, V>,
+    order: VecDeque<K>,
+    capacity: usize,
+}
+
+impl<K: Hash + Eq + Clone, V> FifoMap<K, V> {
+    /// An empty map keeping at most `capacity` keys.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            map: HashMap::new(),
+            order: VecDeque::new(),
+            capacity,
+        }
+    }
+
+    /// Inserts or replaces `key`; a new key past the capacity evicts the oldest.
+    pub fn insert(&mut self, key: K, value: V) {
+        if self.map.insert(key.clone(), value).is_none() {
+            self.order.push_back(key);
+            while self.order.len() > self.capacity {
+                if let Some(old) = self.order.pop_front() {
+                    self.map.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// The value of `key`, if kept.
+    pub fn get<Q>(&self, key: &Q) -> Option<&V>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.map.get(key)
+    }
+}
