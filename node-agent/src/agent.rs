@@ -137,18 +137,17 @@ impl<A: AssignmentSource> Agent<A> {
             let out = self
                 .tracker
                 .observe(now, assignments, self.meta.as_ref(), &readings);
-            for r in &out.reports {
-                if r.state != RunState::InProgress as i32 {
-                    let state = if r.state == RunState::Failed as i32 {
-                        "failed"
-                    } else {
-                        "completed"
-                    };
-                    self.metrics
-                        .runs_ended
-                        .get_or_create(&label(&[("state", state)]))
-                        .inc();
-                }
+            for e in &out.ended {
+                let state = if e.state == RunState::Failed {
+                    "failed"
+                } else {
+                    "completed"
+                };
+                let source = e.time_source.as_str();
+                self.metrics
+                    .runs_ended
+                    .get_or_create(&label(&[("state", state), ("time_source", source)]))
+                    .inc();
             }
             let save = out.changed || !out.reports.is_empty();
             self.unsaved.extend(out.reports);

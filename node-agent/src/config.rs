@@ -27,7 +27,7 @@ pub enum GpuBackendKind {
 pub enum PodMetadataKind {
     /// Watch the pods of this node on the API server (in-cluster config or kubeconfig).
     Kube,
-    /// No API server: class, work and UID are reported empty.
+    /// No API server: class, work and UID are reported empty, runs timed from allocation.
     None,
 }
 
@@ -82,7 +82,8 @@ pub struct Args {
     )]
     pub resource_names: Vec<String>,
 
-    /// Source of pod class, work and UID.
+    /// Source of pod class, work, UID and container start/finish times (which time runs from
+    /// container start; without them, from device allocation).
     #[arg(long, env = "KUDOS_POD_METADATA", value_enum, default_value_t = PodMetadataKind::None)]
     pub pod_metadata: PodMetadataKind,
 

@@ -72,7 +72,8 @@ pub struct Metrics {
     pub reports_acked: FCounter,
     /// Runs in progress.
     pub runs_active: Gauge,
-    /// Runs ended, by `state`.
+    /// Runs ended, by `state` and `time_source` (`container`: timed from the container's
+    /// status; `allocation`: from the devices' allocation, without pod metadata).
     pub runs_ended: FCounter,
     /// 1 while a report stream to the orchestrator is open.
     pub orchestrator_connected: Gauge,
@@ -223,7 +224,7 @@ impl Metrics {
         );
         r.register(
             "kudos_runs_ended",
-            "Runs ended, by state",
+            "Runs ended, by state and the source of their times (container or allocation)",
             m.runs_ended.clone(),
         );
         r.register(

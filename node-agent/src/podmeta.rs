@@ -1,4 +1,6 @@
-//! Pod metadata the kubelet does not give us: UID, class, declared work, phase.
+//! Pod metadata the kubelet does not give us: UID, class, declared work, phase, and when each
+//! container ran (its status' `startedAt`/`finishedAt`), which times a run from container start
+//! rather than from device allocation (see [`crate::runs`]).
 //!
 //! Trust boundary: the class comes from the pod's `kudos.dev/class` label and the work from its
 //! `kudos.dev/work` annotation, as stored by the API server — both written by whoever created
@@ -10,7 +12,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kudos_api::labels;
@@ -31,6 +34,22 @@ pub struct PodMeta {
     pub failed: bool,
     /// The pod has ended (`Succeeded` or `Failed`).
     pub ended: bool,
+    /// When each container ran, by container name (regular and init containers).
+    pub containers: HashMap<String, ContainerTimes>,
+}
+
+/// When one container ran, from its status. The API's times are whole seconds (RFC 3339
+/// without a fraction, truncated by the kubelet), so each lies up to 1 s before the event.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ContainerTimes {
+    /// Start of the container's first attempt, where the status still shows it: the current
+    /// state's `startedAt` (`running` or `terminated`) before any restart, the last
+    /// termination's `startedAt` after exactly one; `None` before the start and after more.
+    pub first_start_ms: Option<i64>,
+    /// `state.terminated.finishedAt`: the current attempt has finished.
+    pub finished_ms: Option<i64>,
+    /// `restartCount`.
+    pub restarts: i32,
 }
 
 /// A source of pod metadata keyed by namespace and name.
@@ -87,6 +106,39 @@ fn parse_fraction(s: Option<&String>, max: f64) -> Option<f64> {
         .filter(|v| v.is_finite() && *v >= 0.0 && *v <= max)
 }
 
+/// A status time in Unix milliseconds; unset and pre-epoch (zero) times are `None`.
+fn ms(t: Option<&Time>) -> Option<i64> {
+    t.map(|t| t.0.as_millisecond()).filter(|ms| *ms > 0)
+}
+
+fn started(state: Option<&ContainerState>) -> Option<i64> {
+    let s = state?;
+    match (&s.running, &s.terminated) {
+        (Some(r), _) => ms(r.started_at.as_ref()),
+        (None, Some(t)) => ms(t.started_at.as_ref()),
+        (None, None) => None,
+    }
+}
+
+/// Extracts when a container ran from its status (see [`ContainerTimes`]).
+pub fn times_of(cs: &ContainerStatus) -> ContainerTimes {
+    let first_start_ms = match cs.restart_count {
+        0 => started(cs.state.as_ref()),
+        1 => started(cs.last_state.as_ref()),
+        _ => None,
+    };
+    let finished_ms = cs
+        .state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .and_then(|t| ms(t.finished_at.as_ref()));
+    ContainerTimes {
+        first_start_ms,
+        finished_ms,
+        restarts: cs.restart_count,
+    }
+}
+
 /// Extracts what the agent needs from a pod object.
 pub fn meta_of(pod: &Pod) -> PodMeta {
     let md = &pod.metadata;
@@ -115,6 +167,15 @@ pub fn meta_of(pod: &Pod) -> PodMeta {
         ),
         failed: phase == "Failed",
         ended: phase == "Failed" || phase == "Succeeded",
+        containers: pod
+            .status
+            .iter()
+            .flat_map(|s| {
+                let init = s.init_container_statuses.iter().flatten();
+                init.chain(s.container_statuses.iter().flatten())
+            })
+            .map(|cs| (cs.name.clone(), times_of(cs)))
+            .collect(),
     }
 }
 
@@ -205,6 +266,62 @@ mod tests {
         let bare = meta_of(&Pod::default());
         assert_eq!(bare.class, "");
         assert!(!bare.ended);
+    }
+
+    /// Container times from a pod as the API server serves it (RFC 3339, whole seconds).
+    #[test]
+    fn reads_when_each_container_ran_from_its_status() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "status": {
+                "phase": "Running",
+                "initContainerStatuses": [{
+                    "name": "fetch", "image": "i", "imageID": "", "ready": false,
+                    "restartCount": 0,
+                    "state": {"terminated": {"exitCode": 0,
+                        "startedAt": "2024-01-01T00:00:01Z", "finishedAt": "2024-01-01T00:00:03Z"}}
+                }],
+                "containerStatuses": [
+                    {"name": "pulling", "image": "i", "imageID": "", "ready": false,
+                     "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}},
+                    {"name": "main", "image": "i", "imageID": "", "ready": true,
+                     "restartCount": 0,
+                     "state": {"running": {"startedAt": "2024-01-01T00:00:05Z"}}},
+                    {"name": "again", "image": "i", "imageID": "", "ready": true,
+                     "restartCount": 1,
+                     "state": {"running": {"startedAt": "2024-01-01T00:00:09Z"}},
+                     "lastState": {"terminated": {"exitCode": 1,
+                        "startedAt": "2024-01-01T00:00:04Z", "finishedAt": "2024-01-01T00:00:06Z"}}},
+                    {"name": "often", "image": "i", "imageID": "", "ready": false,
+                     "restartCount": 3,
+                     "state": {"terminated": {"exitCode": 1,
+                        "startedAt": "2024-01-01T00:00:20Z", "finishedAt": "2024-01-01T00:00:21Z"}}}
+                ]
+            }
+        }))
+        .expect("pod");
+        let t0 = 1_704_067_200_000; // 2024-01-01T00:00:00Z
+        let c = meta_of(&pod).containers;
+        let at = |s: Option<i64>| s.map(|s| t0 + s * 1000);
+        let want = |s, f, restarts| ContainerTimes {
+            first_start_ms: at(s),
+            finished_ms: at(f),
+            restarts,
+        };
+        assert_eq!(c["fetch"], want(Some(1), Some(3), 0));
+        assert_eq!(c["pulling"], want(None, None, 0));
+        assert_eq!(c["main"], want(Some(5), None, 0));
+        assert_eq!(
+            c["again"],
+            want(Some(4), None, 1),
+            "the first attempt's start"
+        );
+        assert_eq!(
+            c["often"],
+            want(None, Some(21), 3),
+            "the first start is not shown"
+        );
+        assert!(meta_of(&Pod::default()).containers.is_empty());
     }
 
     /// The watcher against an API-server stand-in: it lists only this node's pods (field

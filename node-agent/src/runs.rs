@@ -13,6 +13,22 @@
 //!   devices is above the busy threshold, and energy is the devices' power times the interval;
 //! - a long run emits an in-progress snapshot every progress period, so the orchestrator can
 //!   extrapolate before it ends.
+//!
+//! Reported times ([`run_window`]): a run's start and end are its container's own, so image
+//! pulls and container creation are not booked as compute time, whenever the pod's status
+//! gives them (`--pod-metadata kube`); otherwise the run's ticks, as above.
+//! - Start: the `startedAt` of the container's first attempt. Its devices are held from then
+//!   on, so after restarts (`restartCount` > 0) the run still counts from the first start,
+//!   back-off and later attempts included; a status that no longer shows the first start
+//!   (two or more restarts the agent did not see) leaves the run on its ticks.
+//! - End: the current attempt's `finishedAt` when it has terminated, else the tick.
+//! - The API's times are whole seconds, truncated. The agent's own view of the transition
+//!   comes through that same status (kubelet relist, status update, watch, next tick) and
+//!   lags it by up to a second or more, so the API's time is the better one: start and end
+//!   truncated alike make their difference unbiased, within 1 s. A container that started and finished
+//!   within one API second is reported as half a second (at most the time the agent saw).
+//! - A start not before the tick (clock skew) leaves the run on its ticks: no reported run
+//!   has a zero or negative duration. Busy time is capped at the reported wall time.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -20,7 +36,7 @@ use std::time::Duration;
 use kudos_proto::kudos::v1::{RunReport, RunState};
 
 use crate::attribution::{Assignment, device_id_to_uuid};
-use crate::podmeta::{PodMeta, PodMetaSource};
+use crate::podmeta::{ContainerTimes, PodMeta, PodMetaSource};
 use crate::sample::{DeviceReading, DeviceSample};
 
 /// Settings of the run accounting.
@@ -44,7 +60,10 @@ struct Run {
     device_ids: Vec<String>,
     meta: PodMeta,
     models: Vec<String>,
-    start_ms: i64,
+    /// The first tick that saw the devices held (after a restore: the saved start).
+    alloc_ms: i64,
+    /// The container's status, its first start kept once seen.
+    container: ContainerTimes,
     /// Time of the last accounted tick; `None` right after a restore.
     last_ms: Option<i64>,
     busy_s: f64,
@@ -60,11 +79,64 @@ struct Run {
     last_snapshot_ms: i64,
 }
 
+/// Where a run's reported start and end came from (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimeSource {
+    /// The container's status: started/finished.
+    Container,
+    /// The agent's ticks: devices first seen held to released (today's fallback).
+    Allocation,
+}
+
+impl TimeSource {
+    /// The metric label and log value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Container => "container",
+            Self::Allocation => "allocation",
+        }
+    }
+}
+
+/// A run that ended this tick, for metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndedRun {
+    /// `Completed` or `Failed`.
+    pub state: RunState,
+    /// Where its times came from.
+    pub time_source: TimeSource,
+}
+
+/// A container that started and finished within one second of the API's clock is reported as
+/// this long (the expected length of such a span), capped by what the agent saw.
+const SUB_SECOND_MS: i64 = 500;
+
+/// The `(start, end)` to report for a run first seen holding its devices at `alloc_ms`, at tick
+/// `now_ms`, given its container's status; see the module docs. `end > start` whenever
+/// `now_ms > alloc_ms`, and a container window never reaches past `now_ms`.
+pub fn run_window(alloc_ms: i64, now_ms: i64, c: &ContainerTimes) -> (i64, i64, TimeSource) {
+    if let Some(start) = c.first_start_ms.filter(|s| *s < now_ms) {
+        let end = c
+            .finished_ms
+            .filter(|f| (start..=now_ms).contains(f))
+            .unwrap_or(now_ms);
+        let end = if end > start {
+            end
+        } else {
+            (start + SUB_SECOND_MS).min(now_ms)
+        };
+        return (start, end, TimeSource::Container);
+    }
+    (alloc_ms, now_ms, TimeSource::Allocation)
+}
+
 /// What one tick produced.
 #[derive(Debug, Default)]
 pub struct TickOutput {
     /// Reports to store, completed ones and snapshots.
     pub reports: Vec<RunReport>,
+    /// The runs that ended (one per completed or failed report).
+    pub ended: Vec<EndedRun>,
     /// Runs started or ended this tick (the set of active runs changed).
     pub changed: bool,
 }
@@ -146,6 +218,9 @@ impl RunTracker {
             };
             if let Some(m) = &pod_meta {
                 merge_meta(&mut run.meta, m);
+                if let Some(c) = m.containers.get(&key.2) {
+                    merge_times(&mut run.container, c);
+                }
             }
             let unknown_end = run.last_ms.is_none();
             account(run, now_ms, &self.cfg, &by_uuid);
@@ -164,11 +239,19 @@ impl RunTracker {
                 } else {
                     RunState::Completed
                 };
+                let (start, end, source) = run_window(run.alloc_ms, now_ms, &run.container);
                 tracing::info!(
                     run_id = %run.run_id, namespace = %key.0, pod = %key.1, container = %key.2,
-                    class = %run.meta.class, busy_s = run.busy_s, "run ended"
+                    class = %run.meta.class, busy_s = run.busy_s,
+                    wall_s = (end - start) as f64 / 1000.0, time_source = source.as_str(),
+                    allocated_to_start_s = (start - run.alloc_ms) as f64 / 1000.0,
+                    restarts = run.container.restarts, "run ended"
                 );
                 out.reports.push(self.report(&key, &run, state, now_ms));
+                out.ended.push(EndedRun {
+                    state,
+                    time_source: source,
+                });
                 out.changed = true;
                 if !released {
                     self.ended.insert((key, run.device_ids));
@@ -195,6 +278,11 @@ impl RunTracker {
             if pod_meta.ended {
                 continue;
             }
+            let container = pod_meta
+                .containers
+                .get(&a.container)
+                .copied()
+                .unwrap_or_default();
             let models = a
                 .device_ids
                 .iter()
@@ -217,7 +305,8 @@ impl RunTracker {
                     device_ids: a.device_ids.clone(),
                     meta: pod_meta,
                     models,
-                    start_ms: now_ms,
+                    alloc_ms: now_ms,
+                    container,
                     last_ms: Some(now_ms),
                     busy_s: 0.0,
                     util_sum: 0.0,
@@ -242,6 +331,10 @@ impl RunTracker {
             RunState::Completed => (format!("{}-end", run.run_id), Some(1.0)),
             _ => (format!("{}-end", run.run_id), run.meta.progress),
         };
+        let (start, end, _) = run_window(run.alloc_ms, now_ms, &run.container);
+        // Ticks before the container started or after it finished can add up to a period of
+        // busy time beyond the container's window; busy time never exceeds wall time.
+        let wall_s = (end - start).max(0) as f64 / 1000.0;
         RunReport {
             report_id,
             run_id: run.run_id.clone(),
@@ -254,9 +347,9 @@ impl RunTracker {
             device_ids: run.device_ids.clone(),
             device_models: run.models.clone(),
             state: state as i32,
-            start_unix_ms: run.start_ms,
-            end_unix_ms: now_ms,
-            gpu_busy_seconds: run.busy_s,
+            start_unix_ms: start,
+            end_unix_ms: end,
+            gpu_busy_seconds: run.busy_s.min(wall_s),
             mean_utilization_percent: if run.util_n == 0 {
                 0.0
             } else {
@@ -310,9 +403,13 @@ impl RunTracker {
                         progress: s.progress,
                         failed: false,
                         ended: false,
+                        containers: HashMap::new(),
                     },
                     models: s.device_models,
-                    start_ms: s.start_unix_ms,
+                    // The saved start (the container's when it was known); the pod's status
+                    // gives the container's again at the next tick.
+                    alloc_ms: s.start_unix_ms,
+                    container: ContainerTimes::default(),
                     last_ms: None,
                     busy_s: s.gpu_busy_seconds,
                     util_sum: s.mean_utilization_percent * n as f64,
@@ -345,6 +442,14 @@ fn merge_meta(into: &mut PodMeta, m: &PodMeta) {
     }
     into.failed |= m.failed;
     into.ended |= m.ended;
+}
+
+/// Takes a container's newer status, keeping its first start once seen: after restarts the
+/// status no longer shows it.
+fn merge_times(into: &mut ContainerTimes, c: &ContainerTimes) {
+    let first = into.first_start_ms.or(c.first_start_ms);
+    *into = *c;
+    into.first_start_ms = first;
 }
 
 /// Adds the interval since the run's previous tick to its totals.

@@ -1,7 +1,7 @@
 use super::*;
 use crate::attribution::tests::{FakeKubelet, pod, serve};
 use crate::attribution::{PodResources, StaticAssignments};
-use crate::podmeta::{NoPodMeta, PodMeta, PodMetaStore};
+use crate::podmeta::{ContainerTimes, NoPodMeta, PodMeta, PodMetaStore};
 use crate::runs::RunConfig;
 use crate::sample::{FakeGpus, GpuBackend};
 use kudos_nvml::fake::FakeNvml;
@@ -24,8 +24,9 @@ fn tracker() -> RunTracker {
     })
 }
 
-/// Assigned → idle → busy → idle → released through a kubelet stand-in, with `set(device,
-/// util, memory)` changing the GPUs under the running agent.
+/// Assigned (image pull) → container started, busy → container finished → released through a
+/// kubelet stand-in, with `set(device, util, memory)` changing the GPUs under the running agent
+/// and the pod's status telling when the container ran.
 async fn scenario(
     backend: Arc<dyn GpuBackend>,
     u0: String,
@@ -42,12 +43,21 @@ async fn scenario(
     let pr = PodResources::new(&sock, vec!["kudos.dev/gpu".into()], Duration::from_secs(1))
         .expect("client");
     let meta = PodMetaStore::default();
-    let uid = PodMeta {
+    let status = |first_start_ms, finished_ms| PodMeta {
         uid: "uid-1".into(),
         class: "resnet50".into(),
+        containers: [(
+            "main".to_owned(),
+            ContainerTimes {
+                first_start_ms,
+                finished_ms,
+                restarts: 0,
+            },
+        )]
+        .into(),
         ..Default::default()
     };
-    meta.apply("ml", "train", uid);
+    meta.apply("ml", "train", status(None, None));
     let outbox = Arc::new(Outbox::open(&dir.path().join("outbox"), 1000).expect("outbox"));
     let metrics = Metrics::new("node-a");
     let health = Arc::new(DeviceHealth::default());
@@ -55,7 +65,7 @@ async fn scenario(
         "node-a".into(),
         sampler,
         pr,
-        Arc::new(meta),
+        Arc::new(meta.clone()),
         tracker(),
         outbox.clone(),
         metrics.clone(),
@@ -69,13 +79,18 @@ async fn scenario(
         "train",
         &[("main", "kudos.dev/gpu", &[held.as_str()])],
     )];
+    // The devices are allocated while the image is pulled; then the container starts.
     tick_for(&mut agent, Duration::from_millis(300)).await;
+    let started = crate::now_ms();
+    meta.apply("ml", "train", status(Some(started), None));
     set(0, 95, 3 << 30);
     set(1, 95, 1 << 30); // busy, but not this pod's device
     let busy_start = Instant::now();
     tick_for(&mut agent, Duration::from_millis(1000)).await;
     set(0, 0, 0);
     let busy = busy_start.elapsed();
+    let finished = crate::now_ms();
+    meta.apply("ml", "train", status(Some(started), Some(finished)));
     tick_for(&mut agent, Duration::from_millis(300)).await;
     assert!(
         metrics
@@ -103,11 +118,15 @@ async fn scenario(
     assert_eq!(r.peak_memory_bytes, 3 << 30);
     assert_eq!(r.peak_utilization_percent, 95.0);
     assert!(r.energy_joules > 0.0);
+    // The container's own run time, not the devices' whole allocation (~1.9 s here).
+    assert_eq!((r.start_unix_ms, r.end_unix_ms), (started, finished));
     let dur = (r.end_unix_ms - r.start_unix_ms) as f64 / 1000.0;
     assert!(
-        dur <= total.as_secs_f64() + 0.1 && dur >= 1.5,
-        "duration {dur}"
+        dur < total.as_secs_f64() - 0.5,
+        "duration {dur} of {total:?}"
     );
+    let ended = r#"kudos_runs_ended_total{state="completed",time_source="container"} 1"#;
+    assert!(metrics.render().contains(ended), "{}", metrics.render());
     assert!(
         !metrics.render().contains(r#"pod="train""#),
         "labels follow the release"
@@ -186,7 +205,8 @@ async fn a_full_outbox_refuses_a_completed_run_with_an_error_metric() {
     let text = metrics.render();
     let line = r#"kudos_outbox_dropped_reports_total{state="completed",reason="full"} 1"#;
     assert!(text.contains(line), "{text}");
-    assert!(text.contains("kudos_runs_ended_total{state=\"completed\"} 1"));
+    let ended = r#"kudos_runs_ended_total{state="completed",time_source="allocation"} 1"#;
+    assert!(text.contains(ended), "{text}");
     // What was stored before is untouched.
     let kept = outbox.pending(None, 10).expect("pending");
     assert_eq!(kept.len(), 1);

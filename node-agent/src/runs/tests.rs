@@ -194,3 +194,258 @@ fn restored_runs_keep_their_identity_and_totals() {
     let gone = t3.observe(60_000, &[], &NoPodMeta, &r).reports;
     assert_eq!(gone[0].state, RunState::Failed as i32);
 }
+
+/// Wall-clock base for the timing tests: the API's times are absolute.
+const T0: i64 = 1_700_000_000_000;
+
+fn times(first_start_ms: Option<i64>, finished_ms: Option<i64>, restarts: i32) -> ContainerTimes {
+    ContainerTimes {
+        first_start_ms,
+        finished_ms,
+        restarts,
+    }
+}
+
+/// Pod ml/train whose container `main` has status `c` (none: no status yet).
+fn pod_with(store: &PodMetaStore, c: Option<ContainerTimes>, ended: bool) {
+    let meta = PodMeta {
+        uid: "u1".into(),
+        class: "bert".into(),
+        ended,
+        containers: c.map(|c| ("main".to_owned(), c)).into_iter().collect(),
+        ..Default::default()
+    };
+    store.apply("ml", "train", meta);
+}
+
+/// Devices allocated at T0, image pulled until the container starts at T0+5 s, GPU busy until
+/// it finishes at T0+8 s; at T0+8 s the pod is seen ended (`tell(s)` sets the metadata before
+/// tick `s`) and, when `release`, the kubelet no longer lists the devices. Returns the last
+/// tick's output.
+fn pull_then_compute(
+    t: &mut RunTracker,
+    meta: &dyn PodMetaSource,
+    release: bool,
+    mut tell: impl FnMut(i64),
+) -> TickOutput {
+    let a = assign(&["GPU-a"]);
+    for s in 0..8 {
+        tell(s);
+        let util = if s >= 5 { 90.0 } else { 0.0 };
+        let out = t.observe(T0 + s * 1000, &a, meta, &[reading("GPU-a", util)]);
+        assert!(out.reports.is_empty(), "tick {s}: {:#?}", out.reports);
+    }
+    tell(8);
+    let a = if release { vec![] } else { a };
+    t.observe(T0 + 8000, &a, meta, &[reading("GPU-a", 0.0)])
+}
+
+/// The status of a container that started at T0+5 s, as the pod watch sees it over time.
+fn started_at_5_finished_at_8(store: &PodMetaStore) -> impl FnMut(i64) {
+    move |s| match s {
+        0..5 => pod_with(store, None, false),
+        5..8 => pod_with(store, Some(times(Some(T0 + 5000), None, 0)), false),
+        _ => pod_with(
+            store,
+            Some(times(Some(T0 + 5000), Some(T0 + 8000), 0)),
+            true,
+        ),
+    }
+}
+
+#[test]
+fn a_run_is_timed_from_its_container_start_not_from_device_allocation() {
+    let store = PodMetaStore::default();
+    let mut t = RunTracker::new(cfg(None));
+    let out = pull_then_compute(&mut t, &store, false, started_at_5_finished_at_8(&store));
+    assert_eq!(out.reports.len(), 1, "{:#?}", out.reports);
+    let r = &out.reports[0];
+    assert_eq!(r.state, RunState::Completed as i32);
+    assert_eq!((r.start_unix_ms, r.end_unix_ms), (T0 + 5000, T0 + 8000));
+    assert_eq!(
+        r.end_unix_ms - r.start_unix_ms,
+        3000,
+        "the 5 s pull is not compute time"
+    );
+    assert!(
+        (r.gpu_busy_seconds - 3.0).abs() < 1e-9,
+        "{}",
+        r.gpu_busy_seconds
+    );
+    assert_eq!(
+        out.ended,
+        vec![EndedRun {
+            state: RunState::Completed,
+            time_source: TimeSource::Container
+        }]
+    );
+}
+
+#[test]
+fn without_a_container_status_a_run_is_timed_from_allocation_as_before() {
+    // `--pod-metadata none`: the devices' allocation to their release, 8 s.
+    let mut t = RunTracker::new(cfg(None));
+    let out = pull_then_compute(&mut t, &NoPodMeta, true, |_| {});
+    let r = &out.reports[0];
+    assert_eq!((r.start_unix_ms, r.end_unix_ms), (T0, T0 + 8000));
+    assert_eq!(out.ended[0].time_source, TimeSource::Allocation);
+
+    // Pod metadata without container statuses: the same.
+    let store = PodMetaStore::default();
+    let mut t = RunTracker::new(cfg(None));
+    let out = pull_then_compute(&mut t, &store, false, |s| pod_with(&store, None, s == 8));
+    let r = &out.reports[0];
+    assert_eq!((r.start_unix_ms, r.end_unix_ms), (T0, T0 + 8000));
+    assert_eq!(out.ended[0].time_source, TimeSource::Allocation);
+}
+
+#[test]
+fn a_pod_deleted_while_running_ends_at_the_release_tick_from_its_container_start() {
+    let store = PodMetaStore::default();
+    let mut t = RunTracker::new(cfg(None));
+    let out = pull_then_compute(&mut t, &store, true, |s| match s {
+        0..5 => pod_with(&store, None, false),
+        5..8 => pod_with(&store, Some(times(Some(T0 + 5000), None, 0)), false),
+        _ => store.delete("ml", "train"),
+    });
+    let r = &out.reports[0];
+    assert_eq!((r.start_unix_ms, r.end_unix_ms), (T0 + 5000, T0 + 8000));
+    assert_eq!((r.pod_uid.as_str(), r.class.as_str()), ("u1", "bert"));
+    assert_eq!(out.ended[0].time_source, TimeSource::Container);
+}
+
+#[test]
+fn snapshots_before_the_container_starts_use_allocation_then_the_container() {
+    let store = PodMetaStore::default();
+    let mut t = RunTracker::new(cfg(Some(3)));
+    let mut tell = started_at_5_finished_at_8(&store);
+    let a = assign(&["GPU-a"]);
+    let mut snaps = Vec::new();
+    for s in 0..=7 {
+        tell(s);
+        let out = t.observe(T0 + s * 1000, &a, &store, &[reading("GPU-a", 90.0)]);
+        snaps.extend(out.reports);
+    }
+    let windows: Vec<(i64, i64)> = snaps
+        .iter()
+        .map(|r| (r.start_unix_ms - T0, r.end_unix_ms - T0))
+        .collect();
+    assert_eq!(windows, vec![(0, 3000), (5000, 6000)]);
+    // The GPU was busy since allocation here, but busy time never exceeds the reported wall
+    // time (the orchestrator and scheduler-core refuse such a run).
+    assert!((snaps[1].gpu_busy_seconds - 1.0).abs() < 1e-9);
+}
+
+#[test]
+fn a_restarted_container_counts_from_its_first_start() {
+    let store = PodMetaStore::default();
+    let mut t = RunTracker::new(cfg(None));
+    // Started at 2 s, restarted twice; the status no longer shows the first start.
+    let out = pull_then_compute(&mut t, &store, false, |s| match s {
+        0..2 => pod_with(&store, None, false),
+        2..5 => pod_with(&store, Some(times(Some(T0 + 2000), None, 0)), false),
+        5..8 => pod_with(&store, Some(times(None, None, 2)), false),
+        _ => pod_with(&store, Some(times(None, Some(T0 + 7000), 2)), true),
+    });
+    let r = &out.reports[0];
+    assert_eq!((r.start_unix_ms, r.end_unix_ms), (T0 + 2000, T0 + 7000));
+    assert_eq!(out.ended[0].time_source, TimeSource::Container);
+
+    // An agent that never saw the first start cannot time the container: allocation.
+    let mut t = RunTracker::new(cfg(None));
+    let out = pull_then_compute(&mut t, &store, false, |s| {
+        pod_with(
+            &store,
+            Some(times(None, (s == 8).then_some(T0 + 7000), 2)),
+            s == 8,
+        );
+    });
+    let r = &out.reports[0];
+    assert_eq!((r.start_unix_ms, r.end_unix_ms), (T0, T0 + 8000));
+    assert_eq!(out.ended[0].time_source, TimeSource::Allocation);
+}
+
+#[test]
+fn a_restored_run_keeps_its_container_start() {
+    let store = PodMetaStore::default();
+    let mut tell = started_at_5_finished_at_8(&store);
+    let a = assign(&["GPU-a"]);
+    let mut t = RunTracker::new(cfg(None));
+    for s in 0..7 {
+        tell(s);
+        t.observe(T0 + s * 1000, &a, &store, &[reading("GPU-a", 90.0)]);
+    }
+    let saved = t.active_snapshots(T0 + 6500);
+    assert_eq!(saved[0].start_unix_ms, T0 + 5000);
+    // The agent restarts; its pod watch has not listed the pods yet at the first tick.
+    let mut t2 = RunTracker::new(cfg(None));
+    t2.restore(saved);
+    tell(7);
+    t2.observe(T0 + 7000, &a, &NoPodMeta, &[reading("GPU-a", 90.0)]);
+    tell(8);
+    let out = t2.observe(T0 + 8000, &a, &store, &[reading("GPU-a", 0.0)]);
+    let r = &out.reports[0];
+    assert_eq!((r.start_unix_ms, r.end_unix_ms), (T0 + 5000, T0 + 8000));
+    assert_eq!(out.ended[0].time_source, TimeSource::Container);
+}
+
+#[test]
+fn run_window_never_gives_a_zero_or_negative_duration() {
+    let c = |s, f| times(s, f, 0);
+    let w = |alloc, now, c: ContainerTimes| {
+        let (s, e, src) = run_window(alloc, now, &c);
+        (s - T0, e - T0, src)
+    };
+    use TimeSource::{Allocation as A, Container as C};
+    // Started and finished in the same API second: half a second, at most what the agent saw.
+    assert_eq!(
+        w(T0, T0 + 3000, c(Some(T0 + 2000), Some(T0 + 2000))),
+        (2000, 2500, C)
+    );
+    assert_eq!(
+        w(T0, T0 + 2200, c(Some(T0 + 2000), Some(T0 + 2000))),
+        (2000, 2200, C)
+    );
+    // A start at or after the tick (clock skew between the kubelet and the agent): allocation.
+    assert_eq!(w(T0, T0 + 3000, c(Some(T0 + 3000), None)), (0, 3000, A));
+    assert_eq!(
+        w(T0, T0 + 3000, c(Some(T0 + 9000), Some(T0 + 9500))),
+        (0, 3000, A)
+    );
+    // A finish after the tick or before the start is ignored: the tick ends the run.
+    assert_eq!(
+        w(T0, T0 + 3000, c(Some(T0 + 1000), Some(T0 + 4000))),
+        (1000, 3000, C)
+    );
+    assert_eq!(
+        w(T0, T0 + 3000, c(Some(T0 + 1000), Some(T0 + 500))),
+        (1000, 3000, C)
+    );
+    // No start in the status (not started yet, or restarted more than the status shows).
+    assert_eq!(w(T0, T0 + 3000, c(None, Some(T0 + 2000))), (0, 3000, A));
+    // A container that started before the agent first saw its devices counts from its start.
+    assert_eq!(w(T0, T0 + 3000, c(Some(T0 - 1000), None)), (-1000, 3000, C));
+    // Exhaustively over a small grid: end > start whenever the tick is after allocation.
+    let opts = [
+        None,
+        Some(-2000),
+        Some(0),
+        Some(999),
+        Some(1000),
+        Some(1500),
+        Some(3000),
+    ];
+    for now in [1, 1000, 1500, 2000] {
+        for s in opts {
+            for f in opts {
+                let ct = c(s.map(|x| T0 + x), f.map(|x| T0 + x));
+                let (start, end, _) = run_window(T0, T0 + now, &ct);
+                assert!(
+                    end > start,
+                    "now {now} start {s:?} finish {f:?}: {start}..{end}"
+                );
+                assert!(end <= T0 + now);
+            }
+        }
+    }
+}
