@@ -16,10 +16,12 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use tracing::info;
 
+use crate::handover::{HandoverError, LabelChanges, label_nodes};
 use crate::metrics::{GroupLabels, Outcome, RolloutMetrics};
 use crate::render::{
-    MANAGED_BY, OWNED_SELECTOR, RolloutSettings, daemonset_name, render_daemonsets,
+    MANAGED_BY, OWNED_SELECTOR, RolloutSettings, daemonset_name, render_daemonsets_from,
 };
+use crate::template::{self, TemplateError};
 use kudos_api::{PluginConfig, PluginConfigError, labels};
 
 /// Errors applying or pruning DaemonSets.
@@ -31,6 +33,12 @@ pub enum ApplyError {
     /// Rendering failed.
     #[error(transparent)]
     Render(#[from] crate::render::RenderError),
+    /// The pod template DaemonSet could not be used.
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    /// Handing nodes to their group's plugin failed.
+    #[error(transparent)]
+    Handover(#[from] HandoverError),
     /// A rendered DaemonSet has no name (a bug in rendering).
     #[error("rendered DaemonSet has no name")]
     Unnamed,
@@ -70,6 +78,8 @@ pub struct ApplyReport {
     pub applied: Vec<(String, String)>,
     /// Names of the DaemonSets deleted.
     pub deleted: Vec<String>,
+    /// Node label changes of the handover (see [`crate::handover`]).
+    pub labelled: LabelChanges,
 }
 
 /// The field manager of every apply.
@@ -77,8 +87,9 @@ pub fn patch_params() -> PatchParams {
     PatchParams::apply(MANAGED_BY).force()
 }
 
-/// Renders `view`, applies every DaemonSet and prunes the ones of groups no longer in the
-/// configuration (groups still waiting for an image are kept).
+/// Renders `view` (from the pod template DaemonSet when configured), applies every DaemonSet,
+/// prunes the ones of groups no longer in the configuration (groups still waiting for an
+/// image are kept), then hands the nodes of the applied groups over (see [`crate::handover`]).
 #[tracing::instrument(skip_all, fields(generation = view.generation, namespace = %settings.namespace))]
 pub async fn apply(
     client: &kube::Client,
@@ -86,15 +97,25 @@ pub async fn apply(
     settings: &RolloutSettings,
     metrics: &RolloutMetrics,
 ) -> Result<ApplyReport, ApplyError> {
-    let daemonsets = render_daemonsets(view, settings)?;
+    let template = template::fetch(client, settings).await?;
+    let daemonsets = render_daemonsets_from(view, settings, template.as_ref())?;
     let applied = apply_daemonsets(client, &settings.namespace, &daemonsets, metrics).await?;
-    let keep: BTreeSet<String> = view
-        .groups()?
+    let groups = view.groups()?;
+    let keep: BTreeSet<String> = groups
         .iter()
         .map(|g| daemonset_name(settings, &g.name))
         .collect();
     let deleted = prune_daemonsets(client, &settings.namespace, &keep, metrics).await?;
-    Ok(ApplyReport { applied, deleted })
+    let served: Vec<_> = groups
+        .iter()
+        .filter(|g| view.images.contains_key(&g.name))
+        .collect();
+    let labelled = label_nodes(client, &served).await?;
+    Ok(ApplyReport {
+        applied,
+        deleted,
+        labelled,
+    })
 }
 
 /// Server-side applies each DaemonSet in `namespace`; returns `(name, resourceVersion)`.

@@ -7,8 +7,10 @@
 //!    unified resource and vendor — pushes it, and returns it **by digest** for the
 //!    orchestrator to record ([`ImageDeriver`], [`image`]);
 //! 2. **renders one DaemonSet per plugin group** with node affinity to exactly that group's
-//!    nodes and applies it with server-side apply, deleting DaemonSets of groups that left
-//!    ([`render_daemonsets`], [`apply()`], or [`render_yaml`] for a dry run);
+//!    nodes (its pod copied from the bootstrap plugin's DaemonSet when configured,
+//!    [`template`]) and applies it with server-side apply, deleting DaemonSets of groups that
+//!    left ([`render_daemonsets`], [`apply()`], or [`render_yaml`] for a dry run), then hands
+//!    each node from the bootstrap plugin to its group's by one node label ([`handover`]);
 //! 3. **monitors** the configured nodes as a pure function of what the orchestrator's index
 //!    saw ([`monitor()`], [`NodeMonitor`], [`MonitorMetrics`]).
 //!
@@ -54,6 +56,7 @@ pub mod apply;
 pub mod credentials;
 #[cfg(test)]
 mod fixtures;
+pub mod handover;
 pub mod image;
 pub mod metrics;
 pub mod monitor;
@@ -61,6 +64,7 @@ pub mod reconcile;
 pub mod registry;
 pub mod render;
 pub mod retry;
+pub mod template;
 
 pub use apply::{ApplyError, ApplyReport, apply, apply_daemonsets, prune_daemonsets};
 pub use credentials::{CredentialSource, CredentialsError};
@@ -78,5 +82,7 @@ pub use reconcile::{Ctx, Error, ImageRecorder, Mode, error_policy, reconcile, ru
 pub use registry::{
     DeriveError, ImageDeriver, PlainHttp, RegistrySettings, install_crypto_provider,
 };
-pub use render::{RolloutSettings, render_daemonsets, render_yaml};
+pub use render::{
+    RolloutSettings, render_daemonsets, render_daemonsets_from, render_yaml, render_yaml_from,
+};
 pub use retry::RetryPolicy;

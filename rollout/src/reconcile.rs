@@ -28,7 +28,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 use crate::apply::{ApplyError, apply};
 use crate::metrics::RolloutMetrics;
 use crate::registry::{DeriveError, ImageDeriver};
-use crate::render::{RenderError, RolloutSettings, render_yaml};
+use crate::render::{RenderError, RolloutSettings, render_yaml_from};
 use crate::retry::RetryPolicy;
 use kudos_api::{DerivedImage, PluginConfig, PluginConfigError};
 
@@ -226,7 +226,14 @@ async fn reconcile_pass(view: &PluginConfig, ctx: &Ctx) -> Result<Duration, Erro
                         }
                     }
                 }
-                out.push_str(&render_yaml(&effective, &ctx.settings)?);
+                // The template is read when there is a cluster to read it from.
+                let template = match &ctx.kube {
+                    Some(client) => crate::template::fetch(client, &ctx.settings)
+                        .await
+                        .map_err(ApplyError::from)?,
+                    None => None,
+                };
+                out.push_str(&render_yaml_from(&effective, &ctx.settings, template.as_ref())?);
                 sink(&out);
             }
             Mode::Apply => {

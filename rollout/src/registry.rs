@@ -108,6 +108,11 @@ pub enum DeriveError {
         #[source]
         source: Box<OciDistributionError>,
     },
+    /// The registry client cannot be built, e.g. no CA certificates where the TLS stack
+    /// looks for them (a FROM-scratch image without `/etc/ssl/certs`; `SSL_CERT_FILE` names
+    /// another bundle).
+    #[error("building the registry client (TLS roots: /etc/ssl/certs or SSL_CERT_FILE)")]
+    Client(#[source] Box<OciDistributionError>),
     /// Every attempt failed; the last error is kept.
     #[error("deriving the image for group {group} failed after {attempts} attempts")]
     RetriesExhausted {
@@ -213,8 +218,11 @@ impl ImageDeriver {
             read_timeout: Some(settings.read_timeout),
             ..ClientConfig::default()
         };
+        // Not Client::new: on error it falls back to a default client, whose construction
+        // panics for the same reason (seen as a crash loop of the orchestrator pod).
+        let client = Client::try_from(config).map_err(|e| DeriveError::Client(Box::new(e)))?;
         Ok(Self {
-            client: Client::new(config),
+            client,
             settings,
             base,
             target,

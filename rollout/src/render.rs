@@ -7,7 +7,10 @@
 //! Each DaemonSet:
 //! - runs the group's derived image **by digest**, pinned to exactly the group's nodes by a
 //!   required node affinity on `metadata.name` (the field the DaemonSet controller honours;
-//!   one selector term per node, since a field requirement may carry only one value);
+//!   one selector term per node, since a field requirement may carry only one value), each
+//!   node once it carries the group's `kudos.dev/plugin-group` label ([`group_affinity`]);
+//! - with `podTemplateFrom`, copies the bootstrap DaemonSet's pod ([`crate::template`]);
+//!   otherwise runs the built-in pod, which
 //! - mounts only what the plugin needs: the kubelet's device-plugin directory (read-write,
 //!   for its socket), `/dev` read-only, a state directory for the cached unified name
 //!   (design §2.1 step 4), `/sys` read-only for AMD, the NVML library directory read-only
@@ -100,6 +103,11 @@ pub struct RolloutSettings {
     pub env: BTreeMap<String, String>,
     /// Image pull secrets for the derived images' registry.
     pub image_pull_secrets: Vec<String>,
+    /// A DaemonSet in [`Self::namespace`] (the Helm chart's bootstrap plugin) whose pod
+    /// template the group DaemonSets copy, changing only image, labels and node affinity (see
+    /// [`crate::template`]); the pod settings above then apply only as `env` and
+    /// `imagePullSecrets`. Unset: the built-in pod of [`render_group`].
+    pub pod_template_from: Option<String>,
 }
 
 impl Default for RolloutSettings {
@@ -136,6 +144,7 @@ impl Default for RolloutSettings {
             device_plugin_dir: "/var/lib/kubelet/device-plugins".into(),
             env: BTreeMap::new(),
             image_pull_secrets: Vec::new(),
+            pod_template_from: None,
         }
     }
 }
@@ -151,14 +160,25 @@ pub fn render_daemonsets(
     view: &PluginConfig,
     settings: &RolloutSettings,
 ) -> Result<Vec<DaemonSet>, RenderError> {
+    render_daemonsets_from(view, settings, None)
+}
+
+/// [`render_daemonsets`] with the group pods copied from `template` when given (see
+/// [`crate::template`]).
+pub fn render_daemonsets_from(
+    view: &PluginConfig,
+    settings: &RolloutSettings,
+    template: Option<&PodTemplateSpec>,
+) -> Result<Vec<DaemonSet>, RenderError> {
     let mut out = Vec::new();
     for group in view.groups()? {
         if let Some(image) = view.images.get(&group.name) {
-            out.push(render_group(
+            out.push(render_group_from(
                 &group,
                 &image.reference,
                 image.generation,
                 settings,
+                template,
             ));
         }
     }
@@ -178,13 +198,22 @@ pub fn pending_groups(view: &PluginConfig) -> Result<Vec<String>, PluginConfigEr
 /// Dry run: the manifests [`render_daemonsets`] produces, as a multi-document YAML stream,
 /// with a comment naming groups that wait for an image.
 pub fn render_yaml(view: &PluginConfig, settings: &RolloutSettings) -> Result<String, RenderError> {
+    render_yaml_from(view, settings, None)
+}
+
+/// [`render_yaml`] with the group pods copied from `template` when given.
+pub fn render_yaml_from(
+    view: &PluginConfig,
+    settings: &RolloutSettings,
+    template: Option<&PodTemplateSpec>,
+) -> Result<String, RenderError> {
     let mut out = String::new();
     for g in pending_groups(view)? {
         out.push_str(&format!(
             "# group {g}: no derived image yet; not rendered\n"
         ));
     }
-    for ds in render_daemonsets(view, settings)? {
+    for ds in render_daemonsets_from(view, settings, template)? {
         let name = ds.metadata.name.clone().unwrap_or_default();
         out.push_str("---\n");
         out.push_str(
@@ -242,13 +271,92 @@ fn quantities(m: &BTreeMap<String, String>) -> Option<BTreeMap<String, Quantity>
     })
 }
 
-/// Renders one group's DaemonSet running `image` (a reference by digest).
+/// Renders one group's DaemonSet running `image` (a reference by digest) in the built-in pod.
 pub fn render_group(
     group: &PluginGroup,
     image: &str,
     image_generation: u64,
     settings: &RolloutSettings,
 ) -> DaemonSet {
+    render_group_from(group, image, image_generation, settings, None)
+}
+
+/// The required node affinity of a group's pods: one term per configured node (the API
+/// server allows one value per `metadata.name` field requirement; terms are ORed), each also
+/// requiring the node's [`labels::PLUGIN_GROUP`] label to name the group. The label is the
+/// handover: the rollout sets it once the group's DaemonSet exists, and the bootstrap
+/// DaemonSet requires it absent, so one node switches from the bootstrap plugin to the
+/// group's in one step and never runs both (see [`crate::handover`]).
+pub fn group_affinity(group: &PluginGroup) -> Affinity {
+    Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: group
+                    .nodes
+                    .iter()
+                    .map(|node| NodeSelectorTerm {
+                        match_fields: Some(vec![NodeSelectorRequirement {
+                            key: "metadata.name".into(),
+                            operator: "In".into(),
+                            values: Some(vec![node.clone()]),
+                        }]),
+                        match_expressions: Some(vec![NodeSelectorRequirement {
+                            key: labels::PLUGIN_GROUP.into(),
+                            operator: "In".into(),
+                            values: Some(vec![group.name.clone()]),
+                        }]),
+                    })
+                    .collect(),
+            }),
+            ..NodeAffinity::default()
+        }),
+        ..Affinity::default()
+    }
+}
+
+/// [`render_group`], the pod copied from `template` when given (see [`crate::template`]).
+pub fn render_group_from(
+    group: &PluginGroup,
+    image: &str,
+    image_generation: u64,
+    settings: &RolloutSettings,
+    template: Option<&PodTemplateSpec>,
+) -> DaemonSet {
+    let pod = match template {
+        Some(t) => crate::template::group_pod(
+            t,
+            group,
+            image,
+            settings,
+            labels(&group.name, true),
+            group_affinity(group),
+        ),
+        None => builtin_pod(group, image, settings),
+    };
+    DaemonSet {
+        metadata: ObjectMeta {
+            name: Some(daemonset_name(settings, &group.name)),
+            namespace: Some(settings.namespace.clone()),
+            labels: Some(labels(&group.name, true)),
+            annotations: Some(BTreeMap::from([(
+                labels::CONFIG_GENERATION.to_string(),
+                image_generation.to_string(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some(labels(&group.name, false)),
+                ..LabelSelector::default()
+            },
+            template: pod,
+            ..DaemonSetSpec::default()
+        }),
+        status: None,
+    }
+}
+
+fn builtin_pod(group: &PluginGroup, image: &str, settings: &RolloutSettings) -> PodTemplateSpec {
     let has = |v: &str| group.vendors.iter().any(|g| g == v);
     let mut volumes = vec![
         host_volume("device-plugins", &settings.device_plugin_dir, "Directory"),
@@ -323,31 +431,8 @@ pub fn render_group(
         ..Container::default()
     };
 
-    let affinity = Affinity {
-        node_affinity: Some(NodeAffinity {
-            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
-                // The API server allows one value per `metadata.name` field requirement,
-                // so one term per node; terms are ORed.
-                node_selector_terms: group
-                    .nodes
-                    .iter()
-                    .map(|node| NodeSelectorTerm {
-                        match_fields: Some(vec![NodeSelectorRequirement {
-                            key: "metadata.name".into(),
-                            operator: "In".into(),
-                            values: Some(vec![node.clone()]),
-                        }]),
-                        ..NodeSelectorTerm::default()
-                    })
-                    .collect(),
-            }),
-            ..NodeAffinity::default()
-        }),
-        ..Affinity::default()
-    };
-
     let pod_spec = PodSpec {
-        affinity: Some(affinity),
+        affinity: Some(group_affinity(group)),
         containers: vec![container],
         tolerations: (!settings.tolerations.is_empty()).then(|| settings.tolerations.clone()),
         priority_class_name: settings.priority_class.clone(),
@@ -370,32 +455,12 @@ pub fn render_group(
         ..PodSpec::default()
     };
 
-    DaemonSet {
-        metadata: ObjectMeta {
-            name: Some(daemonset_name(settings, &group.name)),
-            namespace: Some(settings.namespace.clone()),
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
             labels: Some(labels(&group.name, true)),
-            annotations: Some(BTreeMap::from([(
-                labels::CONFIG_GENERATION.to_string(),
-                image_generation.to_string(),
-            )])),
             ..ObjectMeta::default()
-        },
-        spec: Some(DaemonSetSpec {
-            selector: LabelSelector {
-                match_labels: Some(labels(&group.name, false)),
-                ..LabelSelector::default()
-            },
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels(&group.name, true)),
-                    ..ObjectMeta::default()
-                }),
-                spec: Some(pod_spec),
-            },
-            ..DaemonSetSpec::default()
         }),
-        status: None,
+        spec: Some(pod_spec),
     }
 }
 

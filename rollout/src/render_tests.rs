@@ -98,6 +98,124 @@ fn affinity_lists_exactly_the_groups_nodes() {
 }
 
 #[test]
+fn every_affinity_term_also_requires_the_group_label() {
+    for ds in render_daemonsets(&mk_imaged_view(), &RolloutSettings::default()).unwrap() {
+        let group = ds.metadata.labels.as_ref().unwrap()[labels::PLUGIN_GROUP].clone();
+        let pod = ds.spec.unwrap().template.spec.unwrap();
+        let terms = pod
+            .affinity
+            .unwrap()
+            .node_affinity
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .unwrap()
+            .node_selector_terms;
+        for t in terms {
+            let e = &t.match_expressions.unwrap()[0];
+            assert_eq!(
+                (e.key.as_str(), e.operator.as_str(), e.values.clone()),
+                (labels::PLUGIN_GROUP, "In", Some(vec![group.clone()]))
+            );
+        }
+    }
+}
+
+fn bootstrap_template() -> PodTemplateSpec {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "labels": {"app.kubernetes.io/name": "kudos-device-plugin",
+                       "app.kubernetes.io/component": "device-plugin-bootstrap"},
+            "annotations": {"checksum/config": "abc"},
+        },
+        "spec": {
+            "runtimeClassName": "nvidia",
+            "hostNetwork": true,
+            "imagePullSecrets": [{"name": "pull"}],
+            "affinity": {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [
+                        {"key": "kudos.dev/plugin-group", "operator": "DoesNotExist"}]}]}},
+                "podAntiAffinity": {},
+            },
+            "containers": [
+                {"name": "plugin", "image": "kudos/kudos-device-plugin:0.1.0",
+                 "imagePullPolicy": "Always", "args": ["--token-file=/t"],
+                 "env": [{"name": "KUDOS_VENDOR", "value": "x"},
+                         {"name": "KUDOS_PLUGIN_CONFIG_DIR", "value": "/x"},
+                         {"name": "NODE_NAME", "value": "n"}]},
+                {"name": "sidecar", "image": "other:1"},
+            ],
+        },
+    }))
+    .unwrap()
+}
+
+#[test]
+fn template_pods_change_only_image_labels_affinity_env_and_pull_secrets() {
+    let t = bootstrap_template();
+    let settings = RolloutSettings {
+        image_pull_secrets: vec!["pull".into(), "derived".into()],
+        env: [("EXTRA".to_string(), "1".to_string())].into(),
+        ..RolloutSettings::default()
+    };
+    let view = mk_imaged_view();
+    let dss = render_daemonsets_from(&view, &settings, Some(&t)).unwrap();
+    let nv = &dss[2];
+    let pod = &nv.spec.as_ref().unwrap().template;
+    let meta = pod.metadata.as_ref().unwrap();
+    let labels_ = meta.labels.as_ref().unwrap();
+    assert_eq!(
+        labels_[LABEL_COMPONENT], COMPONENT,
+        "never the bootstrap's selector"
+    );
+    assert_eq!(labels_[labels::PLUGIN_GROUP], "nvidia");
+    assert_eq!(meta.annotations.as_ref().unwrap()["checksum/config"], "abc");
+    let spec = pod.spec.as_ref().unwrap();
+    assert_eq!(spec.runtime_class_name.as_deref(), Some("nvidia"));
+    assert_eq!(spec.host_network, Some(true));
+    let secrets: Vec<&str> = spec
+        .image_pull_secrets
+        .iter()
+        .flatten()
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(secrets, ["pull", "derived"]);
+    let aff = spec.affinity.as_ref().unwrap();
+    assert!(aff.pod_anti_affinity.is_some(), "other affinity kept");
+    assert_eq!(affinity_nodes(nv), ["n1", "n2"]);
+    let c = &spec.containers[0];
+    assert_eq!(
+        c.image.as_deref(),
+        Some(view.images["nvidia"].reference.as_str())
+    );
+    assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
+    assert_eq!(
+        c.args.as_deref(),
+        Some(&["--token-file=/t".to_string()][..])
+    );
+    let env: Vec<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
+    assert_eq!(env, ["NODE_NAME", "EXTRA"], "image env not shadowed");
+    assert_eq!(spec.containers[1].image.as_deref(), Some("other:1"));
+    // The selector still matches the template's labels.
+    for (k, v) in nv
+        .spec
+        .as_ref()
+        .unwrap()
+        .selector
+        .match_labels
+        .as_ref()
+        .unwrap()
+    {
+        assert_eq!(labels_.get(k), Some(v));
+    }
+    // Same input, same output (server-side apply stays a no-op).
+    assert_eq!(
+        dss,
+        render_daemonsets_from(&view, &settings, Some(&t)).unwrap()
+    );
+}
+
+#[test]
 fn image_by_digest_labels_and_generation_annotation() {
     let dss = render_daemonsets(&mk_imaged_view(), &RolloutSettings::default()).unwrap();
     let nv = &dss[2];

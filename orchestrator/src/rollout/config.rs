@@ -51,7 +51,9 @@ pub struct RolloutFileConfig {
     pub monitor_period_seconds: Option<f64>,
     /// Plugin DaemonSet settings: `namespace`, `namePrefix`, `serviceAccount`,
     /// `priorityClass`, `tolerations`, `requests`, `limits`, `nvmlLibraryDir`, `stateDir`,
-    /// `devicePluginDir`, `env`, `imagePullSecrets`; each missing field keeps its default.
+    /// `devicePluginDir`, `env`, `imagePullSecrets`, `podTemplateFrom` (a DaemonSet whose pod
+    /// the group DaemonSets copy: the chart's bootstrap plugin); each missing field keeps its
+    /// default.
     pub daemon_set: Option<RolloutSettings>,
 }
 
@@ -215,6 +217,14 @@ impl RolloutConfig {
                 "must be 1..=20 characters (DaemonSet names are <prefix>-<group>)",
             ));
         }
+        if let Some(name) = &daemonsets.pod_template_from
+            && kudos_api::bounds::validate_node_name(name).is_err()
+        {
+            return Err(invalid(
+                "rollout.daemonSet.podTemplateFrom",
+                "must name a DaemonSet (a DNS subdomain of at most 253 characters)",
+            ));
+        }
         Ok(Self {
             enabled,
             dry_run,
@@ -321,6 +331,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("rollout.resyncSeconds"), "{e}");
+        let e = resolve("rollout:\n  daemonSet: {podTemplateFrom: Not_A_Name}\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rollout.daemonSet.podTemplateFrom"), "{e}");
     }
 
     #[test]

@@ -220,3 +220,154 @@ async fn server_side_apply_is_accepted_idempotent_and_prunes() -> anyhow::Result
     run.pass();
     Ok(())
 }
+
+/// The handover on a real API server: group DaemonSets copy the bootstrap DaemonSet's pod,
+/// their nodes are labelled only while the group's DaemonSet exists, and stale labels go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_pods_copy_the_bootstrap_and_nodes_are_handed_over_by_label() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Node;
+    let opts = ControlPlaneOptions::default();
+    let Some(run) = RunDir::for_test("rollout-handover", &opts.bins())? else {
+        return Ok(());
+    };
+    let cp = ControlPlane::start(&run, opts).await?;
+    let client = cp.client.clone();
+    let settings = RolloutSettings {
+        pod_template_from: Some("kudos-device-plugin-bootstrap".into()),
+        ..RolloutSettings::default()
+    };
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": settings.namespace}}))?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    for (name, labels) in [
+        ("gpu-a", serde_json::json!({})),
+        ("gpu-b", serde_json::json!({})),
+        // Handed to a group that is gone: it must get its bootstrap plugin back.
+        (
+            "gpu-z",
+            serde_json::json!({"kudos.dev/plugin-group": "old"}),
+        ),
+    ] {
+        let node: Node = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": name, "labels": labels}}),
+        )?;
+        nodes.create(&PostParams::default(), &node).await?;
+    }
+    let bootstrap: DaemonSet = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "kudos-device-plugin-bootstrap", "namespace": settings.namespace},
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/component": "device-plugin-bootstrap"}},
+            "template": {
+                "metadata": {"labels": {
+                    "app.kubernetes.io/component": "device-plugin-bootstrap",
+                    "app.kubernetes.io/instance": "kudos",
+                }},
+                "spec": {
+                    "runtimeClassName": "nvidia",
+                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [
+                            {"key": "kudos.dev/plugin-group", "operator": "DoesNotExist"}]}]}}},
+                    "containers": [{
+                        "name": "plugin",
+                        "image": "kudos/kudos-device-plugin:0.1.0",
+                        "args": ["--orchestrator-addr=http://kudos-orchestrator.kudos-system.svc:8889"],
+                        "env": [{"name": "KUDOS_VENDOR", "value": "nvidia"}],
+                    }],
+                },
+            },
+        },
+    }))?;
+    Api::<DaemonSet>::namespaced(client.clone(), &settings.namespace)
+        .create(&PostParams::default(), &bootstrap)
+        .await?;
+    let group_label = |name: &'static str| {
+        let nodes = nodes.clone();
+        async move {
+            nodes
+                .get(name)
+                .await
+                .unwrap()
+                .metadata
+                .labels
+                .unwrap_or_default()
+                .get("kudos.dev/plugin-group")
+                .cloned()
+        }
+    };
+
+    let metrics = RolloutMetrics::default();
+    let mut v = view();
+    v.images.remove("amd"); // amd (gpu-c, no Node object) waits for its image
+    let report = apply(&client, &v, &settings, &metrics).await?;
+    assert_eq!(
+        report.labelled,
+        [
+            ("gpu-a".to_string(), Some("nvidia".to_string())),
+            ("gpu-b".to_string(), Some("nvidia".to_string())),
+            ("gpu-z".to_string(), None),
+        ]
+    );
+    assert_eq!(group_label("gpu-a").await.as_deref(), Some("nvidia"));
+    assert_eq!(group_label("gpu-z").await, None);
+    let nv = Api::<DaemonSet>::namespaced(client.clone(), &settings.namespace)
+        .get("kudos-device-plugin-nvidia")
+        .await?;
+    let pod = nv.spec.unwrap().template;
+    let labels = pod.metadata.unwrap().labels.unwrap();
+    assert_eq!(labels["app.kubernetes.io/component"], "device-plugin");
+    assert_eq!(labels["app.kubernetes.io/instance"], "kudos");
+    let spec = pod.spec.unwrap();
+    assert_eq!(spec.runtime_class_name.as_deref(), Some("nvidia"));
+    let c = &spec.containers[0];
+    assert_eq!(c.image.as_deref(), Some(image("nvidia").reference.as_str()));
+    assert_eq!(
+        c.args,
+        bootstrap.spec.unwrap().template.spec.unwrap().containers[0].args
+    );
+    assert!(
+        c.env.iter().flatten().all(|e| e.name != "KUDOS_VENDOR"),
+        "the derived image's vendor must not be shadowed: {:?}",
+        c.env
+    );
+    let terms = serde_json::to_value(&spec.affinity)?;
+    assert!(!terms.to_string().contains("DoesNotExist"), "{terms}");
+    assert_eq!(affinity_nodes_of(&terms), ["gpu-a", "gpu-b"]);
+
+    // Applying again changes no label; losing the image hands the nodes back.
+    assert!(
+        apply(&client, &v, &settings, &metrics)
+            .await?
+            .labelled
+            .is_empty()
+    );
+    v.images.remove("nvidia");
+    let back = apply(&client, &v, &settings, &metrics).await?;
+    assert_eq!(back.labelled.len(), 2);
+    assert_eq!(group_label("gpu-b").await, None);
+
+    // A missing template DaemonSet is an error naming it, not a silent built-in pod.
+    let absent = RolloutSettings {
+        pod_template_from: Some("absent".into()),
+        ..settings.clone()
+    };
+    let err = apply(&client, &view(), &absent, &metrics)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("kudos-system/absent"), "{err}");
+    run.pass();
+    Ok(())
+}
+
+/// Node names of the affinity terms that also require the group label.
+fn affinity_nodes_of(affinity: &serde_json::Value) -> Vec<String> {
+    affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|t| t["matchExpressions"][0]["key"] == "kudos.dev/plugin-group")
+        .filter_map(|t| t["matchFields"][0]["values"][0].as_str().map(String::from))
+        .collect()
+}
