@@ -22,6 +22,7 @@ pub const IMAGES: &[&str] = &[
     "kudos-orchestrator",
     "kudos-device-plugin",
     "kudos-node-agent",
+    "kube-scheduler",
 ];
 
 /// Where `images/build --archive` put the image tarballs: `$KUDOS_E2E_IMAGE_DIR`, else

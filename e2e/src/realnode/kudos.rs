@@ -1,5 +1,6 @@
-//! Installing Kudos on a real-node cluster from what `deploy/manifests` ships, changing only
-//! what a cluster without kube-proxy and cluster DNS forces (see [`adapt`]).
+//! Installing Kudos on a real-node cluster from what `deploy/manifests` ships, or from the
+//! Helm chart rendered with an operator's values ([`install_chart`]), changing only what a
+//! cluster without kube-proxy and cluster DNS forces (see [`adapt`]).
 
 use crate::paths::repo_root;
 use anyhow::{Context, Result, bail};
@@ -41,6 +42,8 @@ pub fn shipped_manifests() -> Result<Vec<Value>> {
 }
 
 /// The changes this cluster needs, applied to one shipped object; everything else stays:
+/// - ConfigMaps that name the orchestrator's Service (the Kudos scheduler's extender URL) name
+///   loopback instead;
 /// - pods of workloads run with `hostNetwork` (no kube-proxy: Service IPs do not route, and no
 ///   cluster DNS: Service names do not resolve), reach the API server through an explicit
 ///   `KUBERNETES_SERVICE_HOST`/`PORT`, and the orchestrator's Service name becomes loopback;
@@ -48,6 +51,17 @@ pub fn shipped_manifests() -> Result<Vec<Value>> {
 ///   `KUDOS_METRICS_ADDR`), since all nodes share the host's network namespace here.
 pub fn adapt(mut obj: Value, api_port: u16) -> Value {
     let kind = obj["kind"].as_str().unwrap_or_default().to_string();
+    if kind == "ConfigMap" {
+        // The Kudos scheduler's extender URL names the orchestrator's Service.
+        if let Some(data) = obj["data"].as_object_mut() {
+            for v in data.values_mut() {
+                if let Some(s) = v.as_str().filter(|s| s.contains(SERVICE_HOST)) {
+                    *v = json!(s.replace(SERVICE_HOST, "127.0.0.1"));
+                }
+            }
+        }
+        return obj;
+    }
     if kind != "Deployment" && kind != "DaemonSet" {
         return obj;
     }
@@ -129,6 +143,63 @@ pub async fn apply(client: &kube::Client, obj: &Value) -> Result<()> {
     )
     .await
     .with_context(|| format!("apply {kind} {name}"))?;
+    Ok(())
+}
+
+/// The Helm chart (`charts/kudos`) rendered as `charts/render-deploy` renders `deploy/`, with
+/// the operator's `--set` values `set` added: the namespace first, then every document.
+/// Needs `charts/_out/bin/helm` (`charts/build-helm`).
+pub fn chart_manifests(set: &[String]) -> Result<Vec<Value>> {
+    let root = repo_root();
+    let helm = helm_bin();
+    let mut cmd = std::process::Command::new(&helm);
+    cmd.current_dir(&root).args([
+        "template",
+        "kudos",
+        "charts/kudos",
+        "--namespace",
+        "kudos-system",
+        "--kube-version",
+        "v1.37.2",
+        "--no-hooks",
+        "--set",
+        "tls.mode=none",
+    ]);
+    for s in set {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd
+        .output()
+        .with_context(|| format!("run {}", helm.display()))?;
+    if !out.status.success() {
+        bail!(
+            "helm template {set:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mut docs = vec![json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "kudos-system", "labels": {"app.kubernetes.io/part-of": "kudos"}},
+    })];
+    for d in serde_yaml::Deserializer::from_slice(&out.stdout) {
+        let v: Value = serde::Deserialize::deserialize(d).context("parse helm template output")?;
+        if !v.is_null() {
+            docs.push(v);
+        }
+    }
+    Ok(docs)
+}
+
+/// `charts/_out/bin/helm`, built by `charts/build-helm`.
+pub fn helm_bin() -> std::path::PathBuf {
+    repo_root().join("charts/_out/bin/helm")
+}
+
+/// Installs the chart rendered with `set` (see [`chart_manifests`]), adapted, in order.
+pub async fn install_chart(client: &kube::Client, api_port: u16, set: &[String]) -> Result<()> {
+    for obj in chart_manifests(set)? {
+        apply(client, &adapt(obj, api_port)).await?;
+    }
     Ok(())
 }
 
