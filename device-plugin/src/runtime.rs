@@ -15,6 +15,15 @@
 //!
 //! Deciding from state instead of from events makes duplicate and self-inflicted events
 //! (our own socket re-creation) harmless, which is the de-bouncing.
+//!
+//! Socket handover: during a rollout a node's old plugin pod and its replacement overlap for a
+//! few seconds, both serving the same socket path for the same resource name. A socket file
+//! another live process accepts connections on is never unlinked: the newcomer waits until it
+//! is gone or refuses connections (a stale file, its process dead, is replaced at once), and a
+//! plugin removes the socket file on shutdown only if it is still the one it created. The old
+//! plugin, on shutdown, ends its `ListAndWatch` stream and lets the kubelet hang up before its
+//! socket stops accepting, so the newcomer registers only after the kubelet has dropped the
+//! old client (`start_server` says why that order matters).
 
 use crate::backend::Backends;
 use crate::health::HealthMap;
@@ -30,6 +39,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::server::Connected;
 use tonic::transport::{Endpoint, Server, Uri};
 
 /// Errors that stop the runtime.
@@ -179,12 +189,142 @@ fn inode(p: &Path) -> Option<u64> {
     std::fs::metadata(p).ok().map(|m| m.ino())
 }
 
+/// A file's identity: device, inode and (where the file system records it) birth time. A
+/// file system may give a freed inode number to the next file created, so a socket deleted and
+/// re-created by another process can have the old inode; its birth time tells them apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileId {
+    dev: u64,
+    ino: u64,
+    born: Option<std::time::SystemTime>,
+}
+
+impl FileId {
+    /// The identity of the file at `path` (a symbolic link itself, not its target), if any.
+    pub fn of(path: &Path) -> Option<FileId> {
+        std::fs::symlink_metadata(path).ok().map(|m| FileId {
+            dev: m.dev(),
+            ino: m.ino(),
+            born: m.created().ok(),
+        })
+    }
+}
+
+/// Removes `path` if it still is the file `id`; a file someone re-created there in the
+/// meantime is left alone. (Between the check and the unlink another process could still
+/// replace the file; the window is a system call wide, where a plain unlink's is unbounded.)
+pub fn remove_if_same(path: &Path, id: FileId) -> std::io::Result<bool> {
+    if FileId::of(path) != Some(id) {
+        return Ok(false);
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Who holds a socket path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Occupant {
+    /// No file there.
+    Free,
+    /// A file nobody accepts connections on (its server is gone): safe to replace.
+    Stale(FileId),
+    /// A live process accepts connections on it: leave it alone.
+    Live,
+}
+
+/// Finds out whether a live process serves `path`, by connecting to it. A connection that is
+/// accepted, or cannot be queued because the server's backlog is full, or does not complete
+/// within a second, means live; a refused one (or any other failure) means the file is stale.
+pub async fn probe_socket(path: &Path) -> Occupant {
+    let Some(id) = FileId::of(path) else {
+        return Occupant::Free;
+    };
+    match tokio::time::timeout(Duration::from_secs(1), UnixStream::connect(path)).await {
+        Ok(Ok(_)) | Err(_) => Occupant::Live,
+        Ok(Err(e)) => match e.kind() {
+            std::io::ErrorKind::NotFound => Occupant::Free,
+            std::io::ErrorKind::WouldBlock => Occupant::Live,
+            _ => Occupant::Stale(id),
+        },
+    }
+}
+
 // === server instance ===
 
 struct Running {
+    /// Ends the `ListAndWatch` streams.
+    streams_stop: watch::Sender<bool>,
+    /// Stops accepting connections and drains the server.
     stop: watch::Sender<bool>,
+    /// Closed once no connection to this server is open.
+    connections: watch::Sender<()>,
     task: JoinHandle<Result<(), tonic::transport::Error>>,
-    inode: Option<u64>,
+    /// The socket file this instance created.
+    id: Option<FileId>,
+}
+
+/// A connection to our socket, counted while open so that a shutdown can wait for the kubelet
+/// to hang up before the socket stops accepting.
+struct Counted {
+    io: UnixStream,
+    _open: watch::Receiver<()>,
+}
+
+impl Connected for Counted {
+    type ConnectInfo = <UnixStream as Connected>::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+impl tokio::io::AsyncRead for Counted {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Counted {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
 }
 
 struct Shared {
@@ -194,41 +334,116 @@ struct Shared {
     streams: Arc<Streams>,
 }
 
-fn start_server(shared: &Shared, path: &Path) -> Result<Running, RuntimeError> {
+/// What [`start_server`] found.
+enum Start {
+    /// Serving on a socket file of our own.
+    Serving(Running),
+    /// Another live process serves the path; try again later.
+    Busy,
+}
+
+/// Serves the device-plugin API on `path`, unless another live process already does.
+///
+/// A file there that is `ours` (the socket this process created last) or stale is replaced.
+/// One a live process accepts connections on is left alone: during a rollout that is the
+/// previous plugin pod, still draining, and unlinking its socket would start a fight (it
+/// re-creates its socket, we ours, each re-registering). Waiting for it to stop accepting
+/// also orders the registrations the way the kubelet needs: both plugins use the same socket
+/// path and resource name, and when a plugin's `ListAndWatch` stream ends, the kubelet's
+/// `runClient` disconnects whichever client is registered under that name *at that moment*
+/// (kubelets from 1.25 until kubernetes#135437, see kubernetes#121994), so a newcomer that
+/// registered before the old stream ended loses its registration; later kubelets (1.37 here)
+/// key clients by socket path and refuse a second registration of a path that is still
+/// connected ("device plugin already connected"). The old plugin ends its stream and waits
+/// for the kubelet to hang up before its socket stops accepting (see `run`'s shutdown), so
+/// registering after the socket stops accepting registers after the kubelet dropped the old
+/// client.
+async fn start_server(
+    shared: &Shared,
+    path: &Path,
+    ours: Option<FileId>,
+) -> Result<Start, RuntimeError> {
     let serve_err = |source| RuntimeError::Serve {
         path: path.to_owned(),
         source,
     };
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(serve_err(e)),
+    // Another process may bind between our check and our bind (both starting at once after a
+    // kubelet restart deleted every socket): then look again, it is probably live.
+    for _ in 0..3 {
+        let stale = match FileId::of(path) {
+            Some(id) if Some(id) == ours => Some(id),
+            _ => match probe_socket(path).await {
+                Occupant::Free => None,
+                Occupant::Live => return Ok(Start::Busy),
+                Occupant::Stale(id) => {
+                    tracing::info!(socket = %path.display(), "replacing a stale socket nobody accepts connections on");
+                    Some(id)
+                }
+            },
+        };
+        if let Some(id) = stale {
+            remove_if_same(path, id).map_err(serve_err)?;
+        }
+        let listener = match tokio::net::UnixListener::bind(path) {
+            Ok(l) => l,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
+            Err(e) => return Err(serve_err(e)),
+        };
+        return Ok(Start::Serving(serve(shared, path, listener)));
     }
-    let listener = tokio::net::UnixListener::bind(path).map_err(serve_err)?;
-    let inode = inode(path);
+    Ok(Start::Busy)
+}
+
+fn serve(shared: &Shared, path: &Path, listener: tokio::net::UnixListener) -> Running {
+    let id = FileId::of(path);
     let (stop, stop_rx) = watch::channel(false);
+    let (streams_stop, streams_stop_rx) = watch::channel(false);
+    let (connections, _) = watch::channel(());
     let svc = PluginServer::new(
         shared.backends.clone(),
         shared.health.clone(),
         shared.metrics.clone(),
         shared.streams.clone(),
-        stop_rx.clone(),
+        streams_stop_rx,
     );
+    let counter = connections.clone();
+    let incoming = UnixListenerStream::new(listener).map(move |conn| {
+        conn.map(|io| Counted {
+            io,
+            _open: counter.subscribe(),
+        })
+    });
     let mut stop_wait = stop_rx;
     let task = tokio::spawn(
         Server::builder()
             .concurrency_limit_per_connection(64)
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .add_service(api::device_plugin_server::DevicePluginServer::new(svc))
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+            .serve_with_incoming_shutdown(incoming, async move {
                 let _ = stop_wait.changed().await;
             }),
     );
     tracing::info!(socket = %path.display(), "serving the device-plugin API");
-    Ok(Running { stop, task, inode })
+    Running {
+        streams_stop,
+        stop,
+        connections,
+        task,
+        id,
+    }
 }
 
-async fn stop_server(r: Running) {
+/// Stops a server: ends its `ListAndWatch` streams, waits up to `hang_up` for every client
+/// (the kubelet) to close its connection, then stops accepting and drains for at most 2 s.
+async fn stop_server(r: Running, hang_up: Duration) {
+    let _ = r.streams_stop.send(true);
+    if !hang_up.is_zero()
+        && tokio::time::timeout(hang_up, r.connections.closed())
+            .await
+            .is_err()
+    {
+        tracing::debug!(waited = ?hang_up, "a client kept its connection open; closing the socket anyway");
+    }
     let _ = r.stop.send(true);
     let mut task = r.task;
     if tokio::time::timeout(Duration::from_secs(2), &mut task)
@@ -338,7 +553,7 @@ fn watch_dir(
 struct Registered {
     kubelet_inode: Option<u64>,
     name: String,
-    server_inode: Option<u64>,
+    server: Option<FileId>,
 }
 
 /// Sleeps until `at`, or forever when `None`.
@@ -346,6 +561,44 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {
         Some(t) => tokio::time::sleep_until(t).await,
         None => std::future::pending().await,
+    }
+}
+
+/// How long a shutdown waits for the kubelet to hang up after our stream ended.
+const HANG_UP_WAIT: Duration = Duration::from_secs(1);
+/// Polling of a socket another live process serves: from this, doubling...
+const HOLDER_POLL: Duration = Duration::from_millis(100);
+/// ...up to this (its removal also wakes us through inotify).
+const HOLDER_POLL_CAP: Duration = Duration::from_secs(1);
+/// At most one reminder this often while waiting for it.
+const HOLDER_REMINDER: Duration = Duration::from_secs(30);
+
+/// Waiting for another live process to give up our socket path.
+#[derive(Debug)]
+struct HolderWait {
+    since: tokio::time::Instant,
+    reminded: tokio::time::Instant,
+    poll: Duration,
+}
+
+impl HolderWait {
+    fn new(now: tokio::time::Instant) -> Self {
+        HolderWait {
+            since: now,
+            reminded: now,
+            poll: HOLDER_POLL,
+        }
+    }
+
+    /// The delay before the next look, and whether a reminder is due.
+    fn next(&mut self, now: tokio::time::Instant) -> (Duration, bool) {
+        let delay = self.poll;
+        self.poll = (self.poll * 2).min(HOLDER_POLL_CAP);
+        let remind = now.duration_since(self.reminded) >= HOLDER_REMINDER;
+        if remind {
+            self.reminded = now;
+        }
+        (delay, remind)
     }
 }
 
@@ -371,7 +624,10 @@ pub async fn run(
     };
     let (wake_tx, mut wake) = mpsc::channel::<&'static str>(16);
     let watcher = watch_dir(&l, wake_tx)?;
-    let mut server = Some(start_server(&shared, &l.socket())?);
+    let mut server: Option<Running> = None;
+    // The socket file this process created last (a server may have stopped since).
+    let mut own_file: Option<FileId> = None;
+    let mut holder_wait: Option<HolderWait> = None;
     let mut registered: Option<Registered> = None;
     let mut stream_closed = false;
     let mut retry_at: Option<tokio::time::Instant> = None;
@@ -395,30 +651,56 @@ pub async fn run(
         let current_name = name.borrow_and_update().clone();
         let socket_ok = server
             .as_ref()
-            .is_some_and(|s| s.inode.is_some() && inode(&l.socket()) == s.inode);
+            .is_some_and(|s| s.id.is_some() && FileId::of(&l.socket()) == s.id);
         let name_changed = registered.as_ref().is_some_and(|r| r.name != current_name);
         if !socket_ok || name_changed {
+            let had_server = server.is_some();
             if let Some(s) = server.take() {
                 // Drain the old instance in the background: its socket is gone or renamed,
                 // and waiting for its connections would delay the new registration.
-                tokio::spawn(stop_server(s));
+                tokio::spawn(stop_server(s, Duration::ZERO));
             }
             // A failure here (directory gone mid-restart) is retried, not fatal: the node's
             // GPUs must come back once the kubelet has settled.
-            server = match start_server(&shared, &l.socket()) {
-                Ok(s) => Some(s),
+            match start_server(&shared, &l.socket(), own_file).await {
+                Ok(Start::Serving(s)) => {
+                    if let Some(w) = holder_wait.take() {
+                        tracing::info!(socket = %l.socket().display(), waited = ?w.since.elapsed(), "the socket's previous holder stopped serving it; serving it now");
+                        reason = "socket_handed_over";
+                    }
+                    own_file = s.id;
+                    server = Some(s);
+                }
+                Ok(Start::Busy) => {
+                    let now = tokio::time::Instant::now();
+                    let w = holder_wait.get_or_insert_with(|| {
+                        tracing::info!(socket = %l.socket().display(), "another live process serves the plugin socket (the previous plugin pod during a rollout?); waiting for it to stop before serving and registering");
+                        HolderWait::new(now)
+                    });
+                    let (delay, remind) = w.next(now);
+                    if remind {
+                        tracing::info!(socket = %l.socket().display(), waiting = ?now.duration_since(w.since), "still waiting for the plugin socket's holder to stop serving it");
+                    }
+                    retry_at = Some(now + delay);
+                }
+                Err(e) if !had_server && own_file.is_none() && holder_wait.is_none() => {
+                    // Never served: a socket that cannot be created at all is a setup error.
+                    watcher.abort();
+                    return Err(e);
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot serve the plugin socket; retrying in 1 s");
                     let _ = std::fs::create_dir_all(&l.dir);
                     retry_at = Some(tokio::time::Instant::now() + Duration::from_secs(1));
-                    None
                 }
-            };
+            }
             registered = None;
-            if !socket_ok {
-                reason = "own_socket_removed";
-            } else {
-                reason = "name_changed";
+            if had_server {
+                reason = if socket_ok {
+                    "name_changed"
+                } else {
+                    "own_socket_removed"
+                };
             }
         }
         if stream_closed && streams.active() == 0 {
@@ -427,11 +709,10 @@ pub async fn run(
         }
         stream_closed = false;
         let kubelet_inode = inode(&l.kubelet());
-        let server_inode = server.as_ref().and_then(|s| s.inode);
         let want = Registered {
             kubelet_inode,
             name: current_name.clone(),
-            server_inode,
+            server: server.as_ref().and_then(|s| s.id),
         };
         if backoff.observe_kubelet(kubelet_inode) {
             attempt_after = None;
@@ -507,9 +788,17 @@ pub async fn run(
 
     watcher.abort();
     if let Some(s) = server.take() {
-        stop_server(s).await;
+        // End the stream and let the kubelet hang up before the socket stops accepting: a
+        // successor waiting for this socket (start_server) then registers after the kubelet
+        // has dropped us. Remove the socket only if it is still ours: once it stopped
+        // accepting, a successor may have replaced it already.
+        stop_server(s, HANG_UP_WAIT).await;
     }
-    let _ = std::fs::remove_file(l.socket());
+    if let Some(id) = own_file
+        && let Err(e) = remove_if_same(&l.socket(), id)
+    {
+        tracing::warn!(socket = %l.socket().display(), error = %e, "cannot remove the plugin socket");
+    }
     tracing::info!("device plugin stopped");
     Ok(())
 }
