@@ -207,6 +207,10 @@ pub enum ConfigError {
     /// A per-vendor plugin configuration file cannot be used.
     #[error("--plugin-config-dir: {0}")]
     PluginConfig(#[source] VendorPluginConfigError),
+    /// The static device file cannot be used (unreadable, invalid, or a vendor name, device
+    /// ID or resource name out of the bounds the orchestrator and the kubelet accept).
+    #[error("--static-devices: {0}")]
+    StaticDevices(#[source] crate::backend::BackendError),
     /// Two per-vendor files name different unified resource names.
     #[error("--plugin-config-dir: the files name different unified resource names {0:?} and {1:?}")]
     ConflictingResourceNames(String, String),
@@ -350,6 +354,14 @@ impl TryFrom<Args> for Settings {
             ),
         };
         backends.dedup();
+        // A file given but unusable is a usage error (exit code 2), not a backend that is
+        // quietly skipped at discovery.
+        if let Some(path) = &a.static_devices
+            && backends.contains(&BackendKind::Static)
+        {
+            crate::backend::static_file::StaticBackend::load(path)
+                .map_err(ConfigError::StaticDevices)?;
+        }
         let expected_devices = files
             .iter()
             .map(|f| (f.vendor.clone(), f.devices_on(&node_name).to_vec()))
@@ -561,5 +573,31 @@ mod tests {
         let long = format!("--vendor={}", "v".repeat(21));
         let e = parse(&[&long]).expect_err("21 characters");
         assert!(e.to_string().starts_with("--vendor"), "{e}");
+    }
+
+    #[test]
+    fn a_static_device_file_the_orchestrator_would_refuse_stops_the_plugin_before_start() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let file = tmp.path().join("devices.json");
+        let flag = format!("--static-devices={}", file.display());
+        let write = |vendor: &str| {
+            let json = format!(
+                r#"{{"version":"v1","vendor":"{vendor}","resourceName":"acme.com/npu","devices":[{{"id":"0"}}]}}"#
+            );
+            std::fs::write(&file, json).expect("write");
+        };
+        write(&"a".repeat(kudos_api::bounds::MAX_VENDOR_NAME_LEN));
+        assert!(parse(&[&flag]).is_ok());
+        write(&"a".repeat(kudos_api::bounds::MAX_VENDOR_NAME_LEN + 1));
+        // Given without --backends (every backend tried), and with the static backend named.
+        for extra in [None, Some("--backends=static")] {
+            let mut args = vec![flag.as_str()];
+            args.extend(extra);
+            let e = parse(&args).expect_err("21 characters");
+            assert!(matches!(e, ConfigError::StaticDevices(_)), "{e}");
+            assert!(e.to_string().contains("more than 20"), "{e}");
+        }
+        // A backend list without the static one does not read the file.
+        assert!(parse(&[&flag, "--backends=amd"]).is_ok());
     }
 }
