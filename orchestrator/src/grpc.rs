@@ -152,7 +152,8 @@ impl Ingest {
             plugin_version: r.plugin_version,
         };
         // The same bounds the device plugin checks before it reports (kudos-api): the vendor
-        // (it names the plugin group, its DaemonSet and image tag) and every device ID.
+        // (it names the plugin group, its DaemonSet and image tag), the plugin version, the
+        // device count, and every device's ID, model and UUID.
         entry
             .validate(&r.vendor)
             .map_err(|e| IngestError::Invalid(e.to_string()))?;
@@ -204,8 +205,12 @@ impl Ingest {
         let (_, caller) = self.identify(&req).await?;
         let r = req.into_inner();
         Self::check_node(&caller, &r.node)?;
-        check_len("agent_version", &r.agent_version, limits::MAX_VERSION_LEN)
-            .map_err(IngestError::Invalid)?;
+        check_len(
+            "agent_version",
+            &r.agent_version,
+            limits::MAX_PLUGIN_VERSION_LEN,
+        )
+        .map_err(IngestError::Invalid)?;
         let now = crate::extender::unix_now();
         self.index.write().heartbeat(
             &r.node,
@@ -270,27 +275,14 @@ impl Ingest {
     }
 }
 
-/// Bounds on a plugin report's names and counts (the vendor and device IDs are checked by
-/// the caller with their own rules).
+/// The one bound of a plugin report that [`VendorEntry::validate`] (kudos-api, which the
+/// device plugin checks too) does not cover: the vendor resource name's length.
 fn check_plugin_report(r: &pb::ReportPluginRequest) -> Result<(), String> {
     check_len(
         "vendor_resource_name",
         &r.vendor_resource_name,
         limits::MAX_OBJECT_NAME_LEN,
-    )?;
-    check_len("plugin_version", &r.plugin_version, limits::MAX_VERSION_LEN)?;
-    if r.devices.len() > limits::MAX_DEVICES_PER_NODE {
-        return Err(format!(
-            "{} devices reported; at most {} per node are accepted",
-            r.devices.len(),
-            limits::MAX_DEVICES_PER_NODE
-        ));
-    }
-    for d in &r.devices {
-        check_len("device model", &d.model, limits::MAX_DEVICE_MODEL_LEN)?;
-        check_len("device uuid", &d.uuid, limits::MAX_DEVICE_UUID_LEN)?;
-    }
-    Ok(())
+    )
 }
 
 /// Bounds on a run report before anything is stored: every string that is persisted and
@@ -299,7 +291,7 @@ fn check_plugin_report(r: &pb::ReportPluginRequest) -> Result<(), String> {
 fn check_run_report(r: &pb::RunReport, now: f64) -> Result<(), (&'static str, String)> {
     let name = |e: String| ("name_too_long", e);
     check_len("run_id", &r.run_id, limits::MAX_REPORT_ID_LEN).map_err(name)?;
-    check_len("class", &r.class, limits::MAX_LABEL_VALUE_LEN).map_err(name)?;
+    check_len("class", &r.class, limits::MAX_CLASS_NAME_LEN).map_err(name)?;
     check_len(
         "pod_namespace",
         &r.pod_namespace,

@@ -1,26 +1,18 @@
 //! Every bound on a name, count or size that reaches the orchestrator from outside, in one place.
 //!
 //! Each value is checked on entry (extender request, gRPC message, plugin report, run report)
-//! before it can reach the index, the store or an allocation sized by it. The same bounds must
-//! hold on the sending side (device plugin, node agent); they are meant to move into the shared
-//! contract crate (`kudos-api`) so both sides compile against one definition.
+//! before it can reach the index, the store or an allocation sized by it. Bounds the sending
+//! side (device plugin, node agent) checks too are `kudos-api`'s, re-exported here, so both
+//! sides compile against one definition; the rest only the orchestrator sees.
 
 /// Kubernetes object names (nodes, pods) are DNS subdomains: at most 253 characters.
 pub const MAX_OBJECT_NAME_LEN: usize = 253;
-/// Namespaces and label values (`kudos.dev/class`) are at most 63 characters.
+/// Namespaces are DNS labels: at most 63 characters.
 pub const MAX_LABEL_VALUE_LEN: usize = 63;
-/// Device IDs are vendor-prefixed and at most 63 characters (design 2.1).
-pub const MAX_DEVICE_ID_LEN: usize = 63;
-/// Device model names (`NVIDIA H100 80GB HBM3`); NVML's own buffer is 96 bytes.
-pub const MAX_DEVICE_MODEL_LEN: usize = 128;
-/// Device UUIDs / PCI bus IDs.
-pub const MAX_DEVICE_UUID_LEN: usize = 128;
-/// Plugin and agent version strings.
-pub const MAX_VERSION_LEN: usize = 128;
-/// Devices in one plugin report or one run report.
-pub const MAX_DEVICES_PER_NODE: usize = 256;
-/// Report and run IDs.
-pub const MAX_REPORT_ID_LEN: usize = 256;
+pub use kudos_api::bounds::{
+    MAX_CLASS_NAME_LEN, MAX_DEVICE_ID_LEN, MAX_DEVICES_PER_NODE, MAX_PLUGIN_VERSION_LEN,
+    MAX_REPORT_ID_LEN,
+};
 
 /// Largest gang (`kudos.dev/gang-size`): more members than any cluster Kudos targets has
 /// devices, and small enough that a gang placement's buffers stay a few kilobytes.

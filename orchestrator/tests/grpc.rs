@@ -307,7 +307,7 @@ async fn oversized_names_are_refused_on_entry() {
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
     assert!(
-        e.message().contains("device model") && e.message().contains("128"),
+        e.message().contains("model name") && e.message().contains("more than 96"),
         "{e}"
     );
     assert!(s.index.read().plugin_config().nodes.is_empty());

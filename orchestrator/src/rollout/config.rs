@@ -331,9 +331,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("rollout.resyncSeconds"), "{e}");
-        let e = resolve("rollout:\n  daemonSet: {podTemplateFrom: Not_A_Name}\n", &[])
-            .unwrap_err()
-            .to_string();
+        let e = resolve(
+            "rollout:\n  daemonSet: {podTemplateFrom: Not_A_Name}\n",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("rollout.daemonSet.podTemplateFrom"), "{e}");
     }
 
