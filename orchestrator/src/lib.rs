@@ -38,6 +38,7 @@ pub mod rollout;
 pub mod state;
 pub mod store;
 pub mod store_k8s;
+pub mod uninstall;
 pub mod watch;
 
 use anyhow::Context;
@@ -113,6 +114,18 @@ pub struct Args {
     /// Logging.
     #[command(flatten)]
     pub log: kudos_common::LogArgs,
+    /// A one-off task instead of serving.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// One-off tasks.
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum Command {
+    /// Remove what the orchestrator created in the cluster (plugin DaemonSets of the rollout,
+    /// kudos.dev/plugin-group node labels, optionally the state ConfigMap); the Helm chart's
+    /// post-delete hook runs it.
+    Uninstall(uninstall::UninstallArgs),
 }
 
 /// Parses arguments, runs, and maps the outcome to an exit code (2: bad configuration).
@@ -121,6 +134,10 @@ pub fn main_with_args() -> ExitCode {
     if let Err(e) = args.log.init() {
         eprintln!("error: {e:#}");
         return ExitCode::from(2);
+    }
+    if let Some(Command::Uninstall(u)) = args.command {
+        let runtime = tokio::runtime::Builder::new_current_thread();
+        return kudos_common::run_daemon(runtime, uninstall::main(u));
     }
     let settings = match Settings::resolve(&args) {
         Ok(s) => s,

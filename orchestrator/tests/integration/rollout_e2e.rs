@@ -160,6 +160,46 @@ async fn plugin_report_leads_to_derived_image_and_applied_daemonset() -> anyhow:
         again.metadata.resource_version, ds.metadata.resource_version,
         "the second apply wrote nothing"
     );
+
+    // `kudos-orchestrator uninstall` (the chart's post-delete hook) removes what the
+    // orchestrator created: the plugin DaemonSet, node labels, on request the state ConfigMap.
+    drop(orch);
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let node = serde_json::from_value(serde_json::json!({"metadata": {
+        "name": "gpu-node-1", "labels": {"kudos.dev/plugin-group": "nvidia", "keep": "me"}}}))?;
+    nodes.create(&PostParams::default(), &node).await?;
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), "kudos-system");
+    let state_cm = serde_json::from_value(
+        serde_json::json!({"metadata": {"name": "kudos-orchestrator-state"}}),
+    )?;
+    cms.create(&PostParams::default(), &state_cm).await?;
+    for _ in 0..2 {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kudos-orchestrator"))
+            .arg("uninstall")
+            .arg(format!("--kubeconfig={}", cp.kubeconfig.display()))
+            .args([
+                "--namespace=kudos-system",
+                "--delete-state-configmap=kudos-orchestrator-state",
+                "--timeout=30s",
+            ])
+            .output()?;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(dss.get_opt("kudos-device-plugin-nvidia").await?.is_none());
+    let labels = nodes
+        .get("gpu-node-1")
+        .await?
+        .metadata
+        .labels
+        .unwrap_or_default();
+    assert_eq!(labels.get("kudos.dev/plugin-group"), None);
+    assert_eq!(labels.get("keep").map(String::as_str), Some("me"));
+    assert!(cms.get_opt("kudos-orchestrator-state").await?.is_none());
     run.pass();
     Ok(())
 }
