@@ -1,10 +1,12 @@
 //! The sampling loop: once per period, read the GPUs, ask the kubelet who holds them, advance
 //! the runs, store their reports in the outbox, publish metrics.
 //!
-//! The kubelet being briefly unreachable must not end runs, so a failed PodResources call keeps
-//! the last known assignments; until the first successful call no run is started or ended at
-//! all (runs resumed after a restart wait for real data). A report the outbox cannot take right
-//! now (disk error) is kept in memory and retried next period.
+//! The kubelet being briefly unreachable, or restarting, must not end runs: a failed
+//! PodResources call neither starts a run nor counts towards ending one (the per-pod metrics
+//! keep the last known holders), and a successful listing that lacks a run only starts its
+//! grace period ([`crate::runs`] says when it ends). Until the first successful call no run is
+//! started or ended at all (runs resumed after a restart wait for real data). A report the
+//! outbox cannot take right now (disk error) is kept in memory and retried next period.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -99,22 +101,26 @@ impl<A: AssignmentSource> Agent<A> {
         let t0 = Instant::now();
         let readings = self.sampler.sample_all().await;
         let now = crate::now_ms();
-        match self.assignments.list().await {
+        let listed = match self.assignments.list().await {
             Ok(a) => {
                 if self.list_failing {
-                    tracing::info!("PodResources reachable again");
+                    tracing::info!(
+                        "PodResources reachable again; it may lack pods until the kubelet re-syncs"
+                    );
                 }
                 self.list_failing = false;
                 self.last = Some(a);
+                true
             }
             Err(e) => {
                 self.metrics.podresources_errors.inc();
                 if !self.list_failing {
-                    tracing::warn!(error = %e, "cannot list pod resources; keeping the last known assignments");
+                    tracing::warn!(error = %e, "cannot list pod resources; runs are kept as they are");
                 }
                 self.list_failing = true;
+                false
             }
-        }
+        };
         let mut holders = HashMap::new();
         for a in self.last.iter().flatten() {
             for id in &a.device_ids {
@@ -134,9 +140,12 @@ impl<A: AssignmentSource> Agent<A> {
         );
 
         if let Some(assignments) = &self.last {
-            let out = self
-                .tracker
-                .observe(now, assignments, self.meta.as_ref(), &readings);
+            let meta = self.meta.as_ref();
+            let out = if listed {
+                self.tracker.observe(now, assignments, meta, &readings)
+            } else {
+                self.tracker.observe_unlisted(now, meta, &readings)
+            };
             for e in &out.ended {
                 let state = if e.state == RunState::Failed {
                     "failed"

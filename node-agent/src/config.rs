@@ -87,6 +87,14 @@ pub struct Args {
     #[arg(long, env = "KUDOS_POD_METADATA", value_enum, default_value_t = PodMetadataKind::None)]
     pub pod_metadata: PodMetadataKind,
 
+    /// How long a run whose pod the metadata does not show may be missing from successful
+    /// PodResources listings before it ends, counted from the first listing that lacks it and
+    /// only since the kubelet last answered (its end is still reported as that listing). A
+    /// restarted kubelet lists its pods again within seconds; `0` ends a run at the first
+    /// listing that lacks it. With pod metadata a run ends when its pod or container does.
+    #[arg(long, env = "KUDOS_RUN_END_GRACE", default_value = "10s", value_parser = parse_duration)]
+    pub run_end_grace: Duration,
+
     /// Orchestrator gRPC URL, e.g. `http://kudos-orchestrator.kudos-system.svc:8889` (also
     /// accepted as `--orchestrator-addr`, the device plugin's name). Without it reports are kept
     /// in the outbox until an agent with a URL sends them.
@@ -236,6 +244,7 @@ mod tests {
             vec!["kudos.dev/gpu", "nvidia.com/gpu", "amd.com/gpu"]
         );
         assert_eq!(a.sample_period, Duration::from_secs(1));
+        assert_eq!(a.run_end_grace, Duration::from_secs(10));
         let help = <Args as clap::CommandFactory>::command()
             .render_long_help()
             .to_string();
@@ -245,6 +254,7 @@ mod tests {
             "KUDOS_ORCHESTRATOR_URL",
             "KUDOS_TOKEN_FILE",
             "KUDOS_OUTBOX_DIR",
+            "KUDOS_RUN_END_GRACE",
         ] {
             assert!(help.contains(env), "{env} missing from --help");
         }

@@ -235,6 +235,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             busy_threshold_percent: args.busy_threshold_percent,
             period: args.sample_period,
             progress_period: (!args.progress_period.is_zero()).then_some(args.progress_period),
+            end_grace: args.run_end_grace,
         });
         let agent = agent::Agent::new(
             node.clone(),

@@ -6,8 +6,8 @@
 //! to the period.
 //!
 //! Accounting rules, each accurate to one sampling period:
-//! - a run starts at the first tick its container holds the devices and ends at the first tick
-//!   it no longer does (or its pod has ended);
+//! - a run starts at the first tick its container holds the devices and ends when they are
+//!   released or its pod has ended (see "When a run ends" below);
 //! - every later tick covers the interval since the previous one (capped at three periods, so an
 //!   agent stall is not booked as work); the interval counts as GPU-busy when any of the run's
 //!   devices is above the busy threshold, and energy is the devices' power times the interval;
@@ -29,6 +29,28 @@
 //!   within one API second is reported as half a second (at most the time the agent saw).
 //! - A start not before the tick (clock skew) leaves the run on its ticks: no reported run
 //!   has a zero or negative duration. Busy time is capped at the reported wall time.
+//!
+//! When a run ends. A successful PodResources listing that lacks a run is weak evidence: a
+//! restarted kubelet answers `List` before it has re-synced its pods (measured on v1.37: one
+//! listing without the pod, a second after the socket came back), and a run must not be split
+//! by that. A run is identified by namespace, pod, container and device set, and by the pod's
+//! UID where the metadata gives one; it ends
+//! - at once when its pod has ended (phase `Succeeded`/`Failed`), or when a listing shows its
+//!   container holding a different device set, or its pod's name with another UID;
+//! - while listings lack it ("missing"), when the pod's metadata says the container has
+//!   terminated (its `finishedAt`) or the pod is gone from the API server (deleted). As long as
+//!   the metadata shows the pod with its container not terminated, listings that lack it do
+//!   not end it, however many;
+//! - without metadata for its pod (`--pod-metadata none`, or a pod the watch has not shown),
+//!   once it has been missing from every successful listing for the grace period
+//!   (`RunConfig::end_grace`), counted only since PodResources last came back: a listing
+//!   right after a kubelet restart does not end a run by itself, nor does a failed one.
+//!
+//! A missing run that is listed again with the same devices (and UID) continues: same run ID,
+//! one report. A run that ends while missing, without a container finish to time it, is
+//! reported as it stood at the first listing that lacked it (its end, busy time and energy),
+//! so the grace delays the report, not the reported end. Snapshots pause while a run is
+//! missing.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -50,6 +72,9 @@ pub struct RunConfig {
     pub period: Duration,
     /// How often a running run emits an in-progress snapshot; `None` disables snapshots.
     pub progress_period: Option<Duration>,
+    /// How long a run without pod metadata may be missing from successful PodResources
+    /// listings before it ends (see the module docs); zero ends it at the first one.
+    pub end_grace: Duration,
 }
 
 type RunKey = (String, String, String);
@@ -77,6 +102,43 @@ struct Run {
     samples: u32,
     seq: u32,
     last_snapshot_ms: i64,
+    /// Set while successful listings lack the run.
+    missing: Option<Missing>,
+    /// This process has seen the pod in the metadata, so its absence there means deleted.
+    meta_seen: bool,
+}
+
+/// A run that successful listings lack.
+#[derive(Clone, Debug)]
+struct Missing {
+    /// The first such listing.
+    since_ms: i64,
+    /// The run was resumed after an agent restart and never seen held since.
+    unknown_end: bool,
+    /// The run as accounted at that listing: what is reported if it ended there.
+    at: Box<Run>,
+}
+
+/// Why a run ended, for the log.
+#[derive(Clone, Copy, Debug)]
+enum EndReason {
+    PodEnded,
+    Reallocated,
+    ContainerFinished,
+    PodDeleted,
+    MissingPastGrace,
+}
+
+impl EndReason {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::PodEnded => "pod ended",
+            Self::Reallocated => "devices or pod changed",
+            Self::ContainerFinished => "container finished, devices released",
+            Self::PodDeleted => "pod deleted, devices released",
+            Self::MissingPastGrace => "devices released (missing past the grace period)",
+        }
+    }
 }
 
 /// Where a run's reported start and end came from (see the module docs).
@@ -148,6 +210,9 @@ pub struct RunTracker {
     /// Runs ended because their pod ended while the kubelet still listed the devices; they
     /// must not restart until the assignment goes away.
     ended: HashSet<(RunKey, Vec<String>)>,
+    /// Since when PodResources has answered without a failure in between; `None` right after
+    /// a failed listing.
+    listing_ok_since: Option<i64>,
     rng_state: u64,
 }
 
@@ -162,6 +227,7 @@ impl RunTracker {
             cfg,
             runs: HashMap::new(),
             ended: HashSet::new(),
+            listing_ok_since: None,
             rng_state: random_seed(),
         }
     }
@@ -184,7 +250,7 @@ impl RunTracker {
         format!("{a:016x}{b:016x}")
     }
 
-    /// Feeds one tick; returns the reports it produced.
+    /// Feeds one tick with a successful PodResources listing; returns the reports it produced.
     pub fn observe(
         &mut self,
         now_ms: i64,
@@ -192,11 +258,34 @@ impl RunTracker {
         meta: &dyn PodMetaSource,
         readings: &[DeviceReading],
     ) -> TickOutput {
+        self.tick(now_ms, Some(assignments), meta, readings)
+    }
+
+    /// Feeds one tick whose PodResources listing failed: the runs are accounted as they stand
+    /// and can end only on their pod's metadata; none starts, and none advances towards ending
+    /// by absence.
+    pub fn observe_unlisted(
+        &mut self,
+        now_ms: i64,
+        meta: &dyn PodMetaSource,
+        readings: &[DeviceReading],
+    ) -> TickOutput {
+        self.tick(now_ms, None, meta, readings)
+    }
+
+    fn tick(
+        &mut self,
+        now_ms: i64,
+        listing: Option<&[Assignment]>,
+        meta: &dyn PodMetaSource,
+        readings: &[DeviceReading],
+    ) -> TickOutput {
         let mut out = TickOutput::default();
         let by_uuid: HashMap<&str, &DeviceReading> =
             readings.iter().map(|r| (r.info.uuid.as_str(), r)).collect();
         // Device lists are compared as sets: sort them whatever the source did.
-        let sorted: Vec<Assignment> = assignments
+        let sorted: Vec<Assignment> = listing
+            .unwrap_or_default()
             .iter()
             .map(|a| {
                 let mut a = a.clone();
@@ -204,69 +293,153 @@ impl RunTracker {
                 a
             })
             .collect();
-        let current: HashMap<RunKey, &Assignment> = sorted.iter().map(|a| (key_of(a), a)).collect();
-        self.ended
-            .retain(|(k, ids)| current.get(k).is_some_and(|a| &a.device_ids == ids));
+        let current: Option<HashMap<RunKey, &Assignment>> =
+            listing.map(|_| sorted.iter().map(|a| (key_of(a), a)).collect());
+        match &current {
+            Some(cur) => {
+                self.listing_ok_since.get_or_insert(now_ms);
+                self.ended
+                    .retain(|(k, ids)| cur.get(k).is_some_and(|a| &a.device_ids == ids));
+            }
+            None => self.listing_ok_since = None,
+        }
+        let grace_ms = i64::try_from(self.cfg.end_grace.as_millis()).unwrap_or(i64::MAX);
 
-        // Account the interval for every run that was already going, then end the runs whose
-        // devices were released, whose device set changed, or whose pod ended.
+        // Account the interval for every run that was already going, note which ones the
+        // listing lacks, then end those that are over (see the module docs).
         let keys: Vec<RunKey> = self.runs.keys().cloned().collect();
         for key in keys {
             let pod_meta = meta.get(&key.0, &key.1);
             let Some(run) = self.runs.get_mut(&key) else {
                 continue;
             };
+            // A pod re-created under the same name is another pod: its metadata is not this
+            // run's, and this run's pod is gone.
+            let replaced = pod_meta.as_ref().is_some_and(|m| {
+                !m.uid.is_empty() && !run.meta.uid.is_empty() && m.uid != run.meta.uid
+            });
+            let pod_meta = pod_meta.filter(|_| !replaced);
             if let Some(m) = &pod_meta {
                 merge_meta(&mut run.meta, m);
                 if let Some(c) = m.containers.get(&key.2) {
                     merge_times(&mut run.container, c);
                 }
+                run.meta_seen = true;
             }
+            let deleted = replaced || (pod_meta.is_none() && run.meta_seen);
             let unknown_end = run.last_ms.is_none();
             account(run, now_ms, &self.cfg, &by_uuid);
-            let released = current
-                .get(&key)
-                .is_none_or(|a| a.device_ids != run.device_ids);
-            let pod_ended = pod_meta.as_ref().is_some_and(|m| m.ended);
-            if released || pod_ended {
-                let Some(run) = self.runs.remove(&key) else {
-                    continue;
-                };
-                // A run resumed after a restart whose devices were already gone ended while the
-                // agent was down, at an unknown time: not evidence of speed.
-                let state = if run.meta.failed || (released && unknown_end) {
-                    RunState::Failed
-                } else {
-                    RunState::Completed
-                };
-                let (start, end, source) = run_window(run.alloc_ms, now_ms, &run.container);
-                tracing::info!(
-                    run_id = %run.run_id, namespace = %key.0, pod = %key.1, container = %key.2,
-                    class = %run.meta.class, busy_s = run.busy_s,
-                    wall_s = (end - start) as f64 / 1000.0, time_source = source.as_str(),
-                    allocated_to_start_s = (start - run.alloc_ms) as f64 / 1000.0,
-                    restarts = run.container.restarts, "run ended"
-                );
-                out.reports.push(self.report(&key, &run, state, now_ms));
-                out.ended.push(EndedRun {
-                    state,
-                    time_source: source,
-                });
-                out.changed = true;
-                if !released {
-                    self.ended.insert((key, run.device_ids));
+
+            let mut reallocated = false;
+            match current.as_ref().map(|c| c.get(&key)) {
+                Some(Some(a)) if a.device_ids == run.device_ids && !replaced => {
+                    if let Some(m) = run.missing.take() {
+                        tracing::info!(
+                            run_id = %run.run_id, namespace = %key.0, pod = %key.1,
+                            container = %key.2, missing_s = (now_ms - m.since_ms) as f64 / 1000.0,
+                            "run listed again by PodResources; it continues"
+                        );
+                    }
                 }
-            } else if let Some(p) = self.cfg.progress_period
-                && now_ms - run.last_snapshot_ms >= i64::try_from(p.as_millis()).unwrap_or(i64::MAX)
-            {
-                run.seq += 1;
-                run.last_snapshot_ms = now_ms;
-                let run = run.clone();
-                out.reports
-                    .push(self.report(&key, &run, RunState::InProgress, now_ms));
+                Some(Some(_)) => reallocated = true,
+                Some(None) if run.missing.is_none() => {
+                    tracing::info!(
+                        run_id = %run.run_id, namespace = %key.0, pod = %key.1,
+                        container = %key.2,
+                        "run missing from the PodResources listing; kept open until it is \
+                         listed again, its pod says it ended or the grace period passes"
+                    );
+                    run.missing = Some(Missing {
+                        since_ms: now_ms,
+                        unknown_end,
+                        at: Box::new(run.clone()),
+                    });
+                }
+                Some(None) | None => {}
+            }
+
+            let pod_ended = pod_meta.as_ref().is_some_and(|m| m.ended);
+            let finished = run.container.finished_ms.is_some();
+            let reason = if pod_ended {
+                Some(EndReason::PodEnded)
+            } else if reallocated {
+                Some(EndReason::Reallocated)
+            } else if let Some(m) = &run.missing {
+                if deleted {
+                    Some(EndReason::PodDeleted)
+                } else if pod_meta.is_some() {
+                    finished.then_some(EndReason::ContainerFinished)
+                } else {
+                    let from = self.listing_ok_since.map(|ok| ok.max(m.since_ms));
+                    from.filter(|f| now_ms - f >= grace_ms)
+                        .map(|_| EndReason::MissingPastGrace)
+                }
+            } else {
+                None
+            };
+
+            let Some(reason) = reason else {
+                if let Some(p) = self.cfg.progress_period
+                    && run.missing.is_none()
+                    && now_ms - run.last_snapshot_ms
+                        >= i64::try_from(p.as_millis()).unwrap_or(i64::MAX)
+                {
+                    run.seq += 1;
+                    run.last_snapshot_ms = now_ms;
+                    let run = run.clone();
+                    out.reports
+                        .push(self.report(&key, &run, RunState::InProgress, now_ms));
+                }
+                continue;
+            };
+            let Some(mut run) = self.runs.remove(&key) else {
+                continue;
+            };
+            // Still held (listed, or not known otherwise) when its pod ended: it must not
+            // restart while the kubelet keeps listing the devices.
+            let held = !reallocated && run.missing.is_none();
+            // Reported as it stood at the first listing that lacked it (with what the pod's
+            // metadata says now), unless the container's own finish times it.
+            let (mut end_ms, mut unknown_end) = (now_ms, unknown_end);
+            if let Some(m) = run.missing.take() {
+                unknown_end = m.unknown_end;
+                let timed = run.container.first_start_ms.is_some() && finished;
+                if !timed {
+                    end_ms = m.since_ms;
+                    let (meta, container) = (run.meta, run.container);
+                    run = *m.at;
+                    (run.meta, run.container) = (meta, container);
+                }
+            }
+            // A run resumed after a restart whose devices were already gone ended while the
+            // agent was down, at an unknown time: not evidence of speed.
+            let state = if run.meta.failed || (!held && unknown_end) {
+                RunState::Failed
+            } else {
+                RunState::Completed
+            };
+            let (start, end, source) = run_window(run.alloc_ms, end_ms, &run.container);
+            tracing::info!(
+                run_id = %run.run_id, namespace = %key.0, pod = %key.1, container = %key.2,
+                class = %run.meta.class, busy_s = run.busy_s,
+                wall_s = (end - start) as f64 / 1000.0, time_source = source.as_str(),
+                allocated_to_start_s = (start - run.alloc_ms) as f64 / 1000.0,
+                restarts = run.container.restarts, reason = reason.as_str(), "run ended"
+            );
+            out.reports.push(self.report(&key, &run, state, end_ms));
+            out.ended.push(EndedRun {
+                state,
+                time_source: source,
+            });
+            out.changed = true;
+            if held && matches!(reason, EndReason::PodEnded) {
+                self.ended.insert((key, run.device_ids));
             }
         }
 
+        let Some(current) = current else {
+            return out;
+        };
         // Start runs for new assignments.
         for (key, a) in current {
             if self.runs.contains_key(&key)
@@ -318,6 +491,8 @@ impl RunTracker {
                     samples: 0,
                     seq: 0,
                     last_snapshot_ms: now_ms,
+                    missing: None,
+                    meta_seen: false,
                 },
             );
             out.changed = true;
@@ -421,6 +596,8 @@ impl RunTracker {
                     samples: s.sample_count,
                     seq: seq + 1_000, // snapshot IDs after a restore never collide with earlier ones
                     last_snapshot_ms: s.end_unix_ms,
+                    missing: None,
+                    meta_seen: false,
                 },
             );
         }

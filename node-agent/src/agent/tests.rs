@@ -1,5 +1,5 @@
 use super::*;
-use crate::attribution::tests::{FakeKubelet, pod, serve};
+use crate::attribution::tests::{FakeKubelet, pod, serve, serve_stoppable};
 use crate::attribution::{PodResources, StaticAssignments};
 use crate::podmeta::{ContainerTimes, NoPodMeta, PodMeta, PodMetaStore};
 use crate::runs::RunConfig;
@@ -15,12 +15,18 @@ async fn tick_for<A: AssignmentSource>(agent: &mut Agent<A>, d: Duration) {
     }
 }
 
+/// A tracker that ends a run at the first listing that lacks it (no grace period).
 fn tracker() -> RunTracker {
+    tracker_with_grace(Duration::ZERO)
+}
+
+fn tracker_with_grace(end_grace: Duration) -> RunTracker {
     RunTracker::new(RunConfig {
         node: "node-a".into(),
         busy_threshold_percent: 10.0,
         period: PERIOD,
         progress_period: None,
+        end_grace,
     })
 }
 
@@ -270,4 +276,128 @@ async fn a_run_survives_an_agent_restart_under_the_same_run_id() {
         "busy time before the restart is kept: {}",
         r.gpu_busy_seconds
     );
+}
+
+/// A kubelet restart while a job runs (issue 13, measured on real kubelets v1.37.2): the
+/// PodResources socket goes away, then the restarted kubelet answers `List` before it has
+/// re-synced its pods (without the running pod), then lists it again; later the container
+/// finishes. One run, one report, timed by the container where its status is known
+/// (`with_meta`), else by the ticks that saw the devices held and released.
+async fn kubelet_restart_mid_run(with_meta: bool) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("kubelet.sock");
+    let kubelet = FakeKubelet::default();
+    let held = format!("nv-{}", FakeGpus::uuid(0));
+    let listed = vec![pod(
+        "ml",
+        "train",
+        &[("main", "kudos.dev/gpu", &[held.as_str()])],
+    )];
+    *kubelet.pods.lock().expect("lock") = listed.clone();
+    let serving = serve_stoppable(kubelet.clone(), &sock);
+    let gpus = Arc::new(FakeGpus::new(1));
+    gpus.set(&FakeGpus::uuid(0), 90.0, 1 << 30);
+    let sampler = Sampler::new(gpus, Duration::from_secs(1))
+        .await
+        .expect("sampler");
+    let pr = PodResources::new(&sock, vec!["kudos.dev/gpu".into()], Duration::from_secs(1))
+        .expect("client");
+    let store = PodMetaStore::default();
+    let status = |first_start_ms, finished_ms: Option<i64>| PodMeta {
+        uid: "uid-1".into(),
+        class: "resnet50".into(),
+        ended: finished_ms.is_some(),
+        containers: [(
+            "main".to_owned(),
+            ContainerTimes {
+                first_start_ms,
+                finished_ms,
+                restarts: 0,
+            },
+        )]
+        .into(),
+        ..Default::default()
+    };
+    let meta: Arc<dyn PodMetaSource> = if with_meta {
+        Arc::new(store.clone())
+    } else {
+        Arc::new(NoPodMeta)
+    };
+    let outbox = Arc::new(Outbox::open(&dir.path().join("outbox"), 1000).expect("outbox"));
+    let metrics = Metrics::new("node-a");
+    let mut agent = Agent::new(
+        "node-a".into(),
+        sampler,
+        pr,
+        meta,
+        // Ten periods: the restart's listing without the pod is within it, the release is not.
+        tracker_with_grace(PERIOD * 10),
+        outbox.clone(),
+        metrics.clone(),
+        Arc::new(DeviceHealth::default()),
+    );
+
+    let started = crate::now_ms();
+    store.apply("ml", "train", status(Some(started), None));
+    tick_for(&mut agent, Duration::from_millis(300)).await;
+    // The kubelet stops: its socket goes away.
+    serving.stop().await;
+    tick_for(&mut agent, Duration::from_millis(300)).await;
+    assert!(
+        metrics.podresources_errors.get() > 0,
+        "PodResources failed while the kubelet was down"
+    );
+    // It is back, and its first listings lack the pod.
+    kubelet.pods.lock().expect("lock").clear();
+    let serving = serve_stoppable(kubelet.clone(), &sock);
+    tick_for(&mut agent, Duration::from_millis(200)).await;
+    // Re-synced: the pod and its device are listed again.
+    *kubelet.pods.lock().expect("lock") = listed;
+    tick_for(&mut agent, Duration::from_millis(300)).await;
+    // The container finishes; the kubelet releases the device.
+    let finished = crate::now_ms();
+    store.apply("ml", "train", status(Some(started), Some(finished)));
+    kubelet.pods.lock().expect("lock").clear();
+    let released = crate::now_ms();
+    tick_for(&mut agent, Duration::from_millis(1500)).await;
+    serving.stop().await;
+
+    let reports = outbox.pending(None, 100).expect("pending");
+    let summary: Vec<_> = reports
+        .iter()
+        .map(|(_, r)| (r.run_id.as_str(), r.state, r.start_unix_ms, r.end_unix_ms))
+        .collect();
+    assert_eq!(reports.len(), 1, "one run, one report: {summary:#?}");
+    let r = &reports[0].1;
+    assert_eq!(r.state, RunState::Completed as i32);
+    if with_meta {
+        assert_eq!((r.start_unix_ms, r.end_unix_ms), (started, finished));
+    } else {
+        // Timed by the ticks: the end is the first listing without the pod after the restart,
+        // within a few (late) periods of the release.
+        let late = i64::try_from(PERIOD.as_millis()).expect("ms") * 4;
+        assert!(r.start_unix_ms <= started + late, "{summary:?}");
+        let end = r.end_unix_ms;
+        assert!(
+            end >= released && end <= released + late,
+            "{summary:?} released {released}"
+        );
+    }
+    // The device was busy throughout, the restart included.
+    let wall = (r.end_unix_ms - r.start_unix_ms) as f64 / 1000.0;
+    assert!(
+        r.gpu_busy_seconds >= wall * 0.6,
+        "busy {} of {wall}",
+        r.gpu_busy_seconds
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubelet_restart_does_not_split_a_run_timed_by_its_container() {
+    kubelet_restart_mid_run(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubelet_restart_does_not_split_a_run_without_pod_metadata() {
+    kubelet_restart_mid_run(false).await;
 }

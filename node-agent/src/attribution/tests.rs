@@ -55,6 +55,46 @@ pub(crate) fn serve(kubelet: FakeKubelet, socket: &Path) {
     });
 }
 
+/// A kubelet serving `kubelet` on `socket` that can be stopped the way a kubelet restart stops
+/// it: connections close and the socket file goes away until [`serve_stoppable`] binds it again.
+pub(crate) struct Serving {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+    socket: PathBuf,
+}
+
+impl Serving {
+    /// Stops serving and removes the socket.
+    pub(crate) async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(5), self.task)
+            .await
+            .expect("the kubelet stand-in stops")
+            .expect("server task");
+        std::fs::remove_file(&self.socket).expect("remove the socket");
+    }
+}
+
+/// Serves `kubelet` on `socket` until [`Serving::stop`].
+pub(crate) fn serve_stoppable(kubelet: FakeKubelet, socket: &Path) -> Serving {
+    let listener = tokio::net::UnixListener::bind(socket).expect("bind");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+        let _ = tonic::transport::Server::builder()
+            .add_service(PodResourcesListerServer::new(kubelet))
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    Serving {
+        stop,
+        task,
+        socket: socket.to_owned(),
+    }
+}
+
 pub(crate) fn pod(ns: &str, name: &str, containers: &[(&str, &str, &[&str])]) -> PodRes {
     PodRes {
         name: name.into(),

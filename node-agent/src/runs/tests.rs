@@ -10,6 +10,15 @@ fn cfg(progress: Option<u64>) -> RunConfig {
         busy_threshold_percent: 10.0,
         period: Duration::from_millis(PERIOD_MS as u64),
         progress_period: progress.map(Duration::from_secs),
+        // These tests end a run at the first listing that lacks it; the grace has its own.
+        end_grace: Duration::ZERO,
+    }
+}
+
+fn cfg_grace(grace_s: u64) -> RunConfig {
+    RunConfig {
+        end_grace: Duration::from_secs(grace_s),
+        ..cfg(None)
     }
 }
 
@@ -448,4 +457,257 @@ fn run_window_never_gives_a_zero_or_negative_duration() {
             }
         }
     }
+}
+
+/// What PodResources answers at one tick of the restart tests.
+#[derive(Clone, Copy, Debug)]
+enum Listing {
+    /// The pod and its device.
+    Held,
+    /// A successful listing without the pod.
+    Lacking,
+    /// The call failed (kubelet down).
+    Failed,
+}
+
+/// Feeds tick `s` (at T0 + `s` seconds, device busy) and returns its reports.
+fn feed(t: &mut RunTracker, meta: &dyn PodMetaSource, s: i64, l: Listing) -> Vec<RunReport> {
+    let r = [reading("GPU-a", 90.0)];
+    let now = T0 + s * 1000;
+    match l {
+        Listing::Held => t.observe(now, &assign(&["GPU-a"]), meta, &r),
+        Listing::Lacking => t.observe(now, &[], meta, &r),
+        Listing::Failed => t.observe_unlisted(now, meta, &r),
+    }
+    .reports
+}
+
+/// The kubelet restart of issue 13 as the real kubelet (v1.37.2) does it: the pod is listed,
+/// PodResources fails for two ticks, answers once without the pod (not re-synced yet), lists it
+/// again, then the container finishes. Before the fix this gave two runs: one ended at the
+/// listing without the pod, one started a tick later for the same pod and device.
+#[test]
+fn a_kubelet_restart_does_not_split_a_run_timed_by_its_container() {
+    use Listing::{Failed, Held, Lacking};
+    let store = PodMetaStore::default();
+    let running = Some(times(Some(T0 + 1000), None, 0));
+    let mut t = RunTracker::new(cfg_grace(10));
+    let mut reports = Vec::new();
+    let mut run_id = None;
+    for (s, l) in [Held, Held, Held, Failed, Failed, Lacking, Held, Held]
+        .into_iter()
+        .enumerate()
+    {
+        pod_with(&store, if s == 0 { None } else { running }, false);
+        reports.extend(feed(&mut t, &store, s as i64, l));
+        let id = t.active_snapshots(T0).first().map(|r| r.run_id.clone());
+        assert!(id.is_some(), "tick {s} ({l:?}): the run is open");
+        assert!(run_id.is_none() || run_id == id, "tick {s}: same run");
+        run_id = id;
+    }
+    assert!(reports.is_empty(), "{reports:#?}");
+    // The container finishes at 8 s; the pod has succeeded and its device is released.
+    pod_with(
+        &store,
+        Some(times(Some(T0 + 1000), Some(T0 + 8000), 0)),
+        true,
+    );
+    reports.extend(feed(&mut t, &store, 8, Lacking));
+    for s in 9..12 {
+        reports.extend(feed(&mut t, &store, s, Lacking));
+    }
+    assert_eq!(reports.len(), 1, "one run, one report: {reports:#?}");
+    let r = &reports[0];
+    assert_eq!(Some(&r.run_id), run_id.as_ref());
+    assert_eq!(r.state, RunState::Completed as i32);
+    assert_eq!((r.start_unix_ms, r.end_unix_ms), (T0 + 1000, T0 + 8000));
+    assert!(
+        (r.gpu_busy_seconds - 7.0).abs() < 1e-9,
+        "busy throughout the restart"
+    );
+    assert_eq!(t.active(), 0);
+}
+
+/// The same restart without pod metadata: the listing without the pod starts the grace period,
+/// the pod listed again continues the run; its true end is reported once the grace has passed,
+/// as of the first listing that lacked it.
+#[test]
+fn without_metadata_a_kubelet_restart_does_not_split_a_run_either() {
+    use Listing::{Failed, Held, Lacking};
+    let mut t = RunTracker::new(cfg_grace(10));
+    let mut reports = Vec::new();
+    let ticks = [Held, Held, Held, Failed, Failed, Lacking, Held, Held];
+    for (s, l) in ticks.into_iter().enumerate() {
+        reports.extend(feed(&mut t, &NoPodMeta, s as i64, l));
+    }
+    let run_id = t.active_snapshots(T0)[0].run_id.clone();
+    // Released at 8 s: nothing is reported during the grace period.
+    for s in 8..18 {
+        reports.extend(feed(&mut t, &NoPodMeta, s, Lacking));
+        assert!(reports.is_empty(), "tick {s}: {reports:#?}");
+    }
+    reports.extend(feed(&mut t, &NoPodMeta, 18, Lacking));
+    assert_eq!(reports.len(), 1, "{reports:#?}");
+    let r = &reports[0];
+    assert_eq!(r.run_id, run_id);
+    assert_eq!(r.state, RunState::Completed as i32);
+    assert_eq!((r.start_unix_ms, r.end_unix_ms), (T0, T0 + 8000));
+    assert!((r.gpu_busy_seconds - 8.0).abs() < 1e-9);
+    assert!(
+        (r.energy_joules - 800.0).abs() < 1e-6,
+        "the grace period is not accounted: {}",
+        r.energy_joules
+    );
+}
+
+/// A pod that truly ended, without metadata: the run ends once it has been missing from every
+/// listing for the grace period, counted only since PodResources last came back, and is reported
+/// as it stood at the first listing that lacked it.
+#[test]
+fn without_metadata_a_released_run_ends_after_the_grace_period() {
+    use Listing::{Failed, Held, Lacking};
+    let mut t = RunTracker::new(cfg_grace(10));
+    let mut ended_at = None;
+    for s in 0..40 {
+        // Released at 5 s; the kubelet is down from 9 s to 11 s (its first listing back is
+        // one more without the pod).
+        let l = match s {
+            0..5 => Held,
+            9..12 => Failed,
+            _ => Lacking,
+        };
+        let out = feed(&mut t, &NoPodMeta, s, l);
+        if !out.is_empty() {
+            assert!(ended_at.is_none(), "one report: {out:#?}");
+            assert_eq!(out.len(), 1);
+            assert_eq!((out[0].start_unix_ms, out[0].end_unix_ms), (T0, T0 + 5000));
+            assert_eq!(out[0].state, RunState::Completed as i32);
+            assert!((out[0].gpu_busy_seconds - 5.0).abs() < 1e-9);
+            ended_at = Some(s);
+        }
+    }
+    assert_eq!(
+        ended_at,
+        Some(22),
+        "10 s after PodResources came back at 12 s"
+    );
+    assert_eq!(t.active(), 0);
+
+    // With no failure in between, 10 s after the first listing that lacked it.
+    let mut t = RunTracker::new(cfg_grace(10));
+    let l = |s| if s < 5 { Held } else { Lacking };
+    let n: Vec<usize> = (0..20)
+        .map(|s| feed(&mut t, &NoPodMeta, s, l(s)).len())
+        .collect();
+    assert_eq!(n.iter().position(|n| *n == 1), Some(15), "{n:?}");
+    assert_eq!(n.iter().sum::<usize>(), 1);
+}
+
+/// With metadata, listings that lack a run do not end it, however many, while the pod shows its
+/// container running; the container's finish (or the pod's deletion) does.
+#[test]
+fn with_metadata_only_the_pod_ends_a_run_missing_from_the_listings() {
+    let store = PodMetaStore::default();
+    let mut t = RunTracker::new(cfg_grace(10));
+    pod_with(&store, Some(times(Some(T0 + 1000), None, 0)), false);
+    for s in 0..3 {
+        assert!(feed(&mut t, &store, s, Listing::Held).is_empty());
+    }
+    for s in 3..60 {
+        assert!(
+            feed(&mut t, &store, s, Listing::Lacking).is_empty(),
+            "tick {s}"
+        );
+    }
+    // Terminated (its restart policy keeps the pod running, say): the run ends at its finish.
+    pod_with(
+        &store,
+        Some(times(Some(T0 + 1000), Some(T0 + 59_000), 0)),
+        false,
+    );
+    let r = feed(&mut t, &store, 60, Listing::Lacking);
+    assert_eq!(r.len(), 1, "{r:#?}");
+    assert_eq!(
+        (r[0].start_unix_ms, r[0].end_unix_ms),
+        (T0 + 1000, T0 + 59_000)
+    );
+
+    // Deleted without a finish in its status: reported as of the first listing without it.
+    let mut t = RunTracker::new(cfg_grace(10));
+    pod_with(&store, Some(times(Some(T0 + 1000), None, 0)), false);
+    for s in 0..3 {
+        feed(&mut t, &store, s, Listing::Held);
+    }
+    for s in 3..6 {
+        assert!(feed(&mut t, &store, s, Listing::Lacking).is_empty());
+    }
+    store.delete("ml", "train");
+    let r = feed(&mut t, &store, 6, Listing::Lacking);
+    assert_eq!(r.len(), 1, "{r:#?}");
+    assert_eq!(
+        (r[0].start_unix_ms, r[0].end_unix_ms),
+        (T0 + 1000, T0 + 3000)
+    );
+    assert_eq!(r[0].pod_uid, "u1");
+
+    // Failed later, its status without a finish: a failed run, as of the first listing
+    // without it.
+    let mut t = RunTracker::new(cfg_grace(10));
+    pod_with(&store, Some(times(Some(T0 + 1000), None, 0)), false);
+    for s in 0..6 {
+        let l = if s < 3 {
+            Listing::Held
+        } else {
+            Listing::Lacking
+        };
+        assert!(feed(&mut t, &store, s, l).is_empty());
+    }
+    store.apply(
+        "ml",
+        "train",
+        PodMeta {
+            uid: "u1".into(),
+            failed: true,
+            ended: true,
+            ..Default::default()
+        },
+    );
+    let r = feed(&mut t, &store, 6, Listing::Lacking);
+    assert_eq!(r.len(), 1, "{r:#?}");
+    assert_eq!(r[0].state, RunState::Failed as i32);
+    assert_eq!(
+        (r[0].start_unix_ms, r[0].end_unix_ms),
+        (T0 + 1000, T0 + 3000)
+    );
+}
+
+/// A pod re-created under the same name (another UID) is another run, even on the same device.
+#[test]
+fn a_pod_recreated_under_the_same_name_is_a_new_run() {
+    let store = PodMetaStore::default();
+    let mut t = RunTracker::new(cfg_grace(10));
+    pod_with(&store, Some(times(Some(T0), None, 0)), false);
+    for s in 0..3 {
+        feed(&mut t, &store, s, Listing::Held);
+    }
+    let first = t.active_snapshots(T0)[0].run_id.clone();
+    store.apply(
+        "ml",
+        "train",
+        PodMeta {
+            uid: "u2".into(),
+            containers: [("main".to_owned(), times(Some(T0 + 3000), None, 0))].into(),
+            ..Default::default()
+        },
+    );
+    let r = feed(&mut t, &store, 4, Listing::Held);
+    assert_eq!(r.len(), 1, "{r:#?}");
+    assert_eq!(
+        (r[0].run_id.as_str(), r[0].pod_uid.as_str()),
+        (first.as_str(), "u1")
+    );
+    let now = t.active_snapshots(T0 + 4000);
+    assert_eq!(now.len(), 1);
+    assert_ne!(now[0].run_id, first);
+    assert_eq!(now[0].pod_uid, "u2");
 }
