@@ -78,12 +78,19 @@ pub struct PluginHealth {
 pub struct MonitorPolicy {
     /// A heartbeat older than this marks the node stale (a few heartbeat periods).
     pub stale_after: Duration,
+    /// Before this instant a node without any heartbeat is not excluded: a freshly started
+    /// orchestrator (install, upgrade, restart) has seen no heartbeat from anyone yet, and a
+    /// pod the extender rejects then waits in kube-scheduler's unschedulable queue for up to
+    /// five minutes (measured on real nodes: no job placed for 120 s after install). Set it to
+    /// the process start plus `stale_after`; `None`: no grace.
+    pub no_heartbeat_grace_until: Option<SystemTime>,
 }
 
 impl Default for MonitorPolicy {
     fn default() -> Self {
         Self {
             stale_after: Duration::from_secs(90),
+            no_heartbeat_grace_until: None,
         }
     }
 }
@@ -207,7 +214,11 @@ pub fn monitor(
                 Some(o) if o.ready != Some(true) => reasons.push(ExclusionReason::NodeNotReady),
                 Some(_) => {}
             }
+            let in_grace = policy
+                .no_heartbeat_grace_until
+                .is_some_and(|until| inputs.now < until);
             match heartbeat_age {
+                None if in_grace => {}
                 None => reasons.push(ExclusionReason::NoHeartbeat),
                 Some(age) if age > policy.stale_after => {
                     reasons.push(ExclusionReason::HeartbeatStale);

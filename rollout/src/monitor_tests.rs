@@ -119,6 +119,23 @@ fn healthy_node_is_ranked_and_stale_ones_are_excluded_with_reasons() {
         m[3].reasons,
         [ExclusionReason::NodeNotFound, ExclusionReason::NoHeartbeat]
     );
+    // A freshly started orchestrator has heard no heartbeat yet: within the grace a node
+    // without one is not excluded for it (a stale one still is); after it, it is.
+    let grace = |until| MonitorPolicy {
+        no_heartbeat_grace_until: Some(until),
+        ..MonitorPolicy::default()
+    };
+    let early = monitor(
+        &view,
+        &settings,
+        &grace(inputs.now + Duration::from_secs(1)),
+        &inputs,
+    )
+    .unwrap();
+    assert_eq!(early[3].reasons, [ExclusionReason::NodeNotFound]);
+    assert_eq!(early[1].reasons, [ExclusionReason::HeartbeatStale]);
+    let late = monitor(&view, &settings, &grace(inputs.now), &inputs).unwrap();
+    assert_eq!(late[3].reasons, m[3].reasons);
 
     let metrics = MonitorMetrics::default();
     let mut registry = Registry::with_prefix("kudos_node");

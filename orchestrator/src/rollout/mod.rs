@@ -316,6 +316,8 @@ pub fn start(
         settings: cfg.daemonsets.clone(),
         policy: MonitorPolicy {
             stale_after: Duration::from_secs_f64(heartbeat_max_age_seconds),
+            no_heartbeat_grace_until: SystemTime::now()
+                .checked_add(Duration::from_secs_f64(heartbeat_max_age_seconds)),
         },
         metrics: metrics.monitor.clone(),
         rollout_source: "daemonSetWatch",
