@@ -1,24 +1,36 @@
 //! Kudos deployed the way users deploy it, on two real nodes (real kubelets, containerd, runc):
-//! node a has four fake V100s, node b four fake T4s, delivered like a real driver. The shipped
-//! manifests are applied (adapted only for a cluster without kube-proxy and DNS, see
-//! `realnode::kudos::adapt`), kube-scheduler runs the shipped extender configuration, and:
-//! - the bootstrap device plugin makes both nodes allocatable `kudos.dev/gpu` = 4;
+//! node a has four fake V100s, node b four fake T4s, delivered like a real driver. `helm
+//! install` installs the chart with rollout on (a local docker-registry holds the plugin base
+//! image and receives the derived one), its manifests adapted by a post-renderer only for a
+//! cluster without kube-proxy and DNS (see `realnode::kudos::adapt`); kube-scheduler runs
+//! the shipped extender configuration in the chart's own Kudos scheduler instance (pods opt
+//! in with `schedulerName: kudos`; the default scheduler has no extender), and:
+//! - the bootstrap device plugin reports both nodes; the orchestrator derives the `nvidia`
+//!   group's image, pushes it, applies its DaemonSet and hands both nodes over by label; the
+//!   bootstrap pods leave, the group's pods pull the derived image from the registry, and
+//!   each kubelet sees exactly two registrations (bootstrap, then group): no socket fight;
+//! - both nodes end up allocatable `kudos.dev/gpu` = 4;
 //! - 40 jobs of classes X (fastest on V100) and Y (fastest on T4) are submitted over time; every
 //!   one succeeds and every run is reported exactly once, also across a kubelet restart in the
 //!   middle (the plugin re-registers once, within 2 s of the registration server coming up);
 //! - after the first 10 jobs at least 80 % land on their class's faster node, and `/explain`
 //!   ranks that node first;
-//! - killing the orchestrator pod loses no acknowledged report; deleting a node prunes it;
+//! - killing the orchestrator pod loses no acknowledged report; deleting a node (the one the
+//!   orchestrator does not run on) prunes it;
+//! - `helm upgrade` mid-run keeps the learned state and disturbs no running job; `helm
+//!   uninstall` leaves no DaemonSet, Deployment or node label behind and keeps the state;
 //! - the host is left exactly as it was.
 
 use anyhow::{Context, Result};
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kudos_e2e::proc::wait_for;
 use kudos_e2e::realnode::kudos::{self, ORCHESTRATOR_HTTP};
 use kudos_e2e::realnode::{RealCluster, gpus};
-use kudos_e2e::{ExtenderOptions, RunDir, http, require_bins};
+use kudos_e2e::{RunDir, http, require_bins};
+use kudos_testkit::registry::{self, Registry};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -26,6 +38,8 @@ use std::time::{Duration, Instant};
 
 const JOBS: usize = 40;
 const WARMUP: usize = 10;
+/// The job after which `helm upgrade` runs (while jobs run).
+const UPGRADE_AT: usize = 30;
 const WORK: f64 = 6.0;
 const RES: &str = "kudos.dev/gpu";
 const NODE_A: &str = "127.0.0.1";
@@ -50,6 +64,8 @@ fn job(i: usize) -> Pod {
             "annotations": {"kudos.dev/work": WORK.to_string()},
         },
         "spec": {
+            // Opt in to the chart's Kudos scheduler; the default scheduler stays as it is.
+            "schedulerName": "kudos",
             "restartPolicy": "Never",
             "containers": [{
                 "name": "job",
@@ -114,10 +130,24 @@ fn registrations(log: &std::path::Path) -> (Option<f64>, Vec<f64>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Result<()> {
-    if !require_bins("realnode_kudos", &gpus::required_files(gpus::IMAGES)) {
+    let mut needed = gpus::required_files(gpus::IMAGES);
+    needed.extend(registry::bins());
+    needed.push(kudos::helm_bin());
+    if !require_bins("realnode_kudos", &needed) {
         return Ok(());
     }
     let run = RunDir::new("realnode-kudos")?;
+    // The registry derived plugin images are pushed to, holding the plugin base image.
+    let reg = Registry::start(run.path(), kudos_e2e::proc::free_port()).await?;
+    let base = format!("{}/kudos/kudos-device-plugin:0.1.0", reg.addr);
+    let archive = gpus::image_dir().join("kudos-device-plugin.tar");
+    registry::skopeo(&[
+        "copy",
+        "--quiet",
+        "--dest-tls-verify=false",
+        &format!("docker-archive:{}", archive.display()),
+        &format!("docker://{base}"),
+    ])?;
     let t0 = Instant::now();
     let mut cluster =
         RealCluster::start(&run, gpus::two_gpu_nodes(run.path(), gpus::IMAGES)?).await?;
@@ -131,13 +161,85 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
         .context("apiserver port")?;
     eprintln!("RESULT cluster Ready after {:?}", t0.elapsed());
 
-    // Install Kudos as shipped; kube-scheduler with the shipped extender configuration.
-    kudos::install(&client, api_port).await?;
-    cluster.start_scheduler(Some(&ExtenderOptions::kudos(format!(
-        "http://{ORCHESTRATOR_HTTP}/kudos/v1"
-    ))))?;
+    // `helm install` with rollout on, as an operator would with `--set ...`. The
+    // chart's Kudos scheduler (upstream kube-scheduler with the chart's extender
+    // configuration) runs the image built from e2e's kube-scheduler, one replica (all pods
+    // share the host's network here, so a second replica could not bind its port). The
+    // default scheduler runs without any extender: it places Kudos' own pods.
+    let scheduler_port = kudos_e2e::proc::free_port();
+    let helm = kudos::Helm::new(
+        run.path(),
+        &cluster.cp.kubeconfig,
+        std::path::Path::new(env!("CARGO_BIN_EXE_kudos-e2e-adapt")),
+        api_port,
+    )?;
+    helm.install(&[
+        "orchestrator.rollout.enabled=true".into(),
+        format!("orchestrator.rollout.baseImage={base}"),
+        format!(
+            "orchestrator.rollout.repository={}/kudos/device-plugin-derived",
+            reg.addr
+        ),
+        "scheduler.image.registry=localhost".into(),
+        "scheduler.image.repository=kudos/kube-scheduler".into(),
+        "scheduler.image.tag=v1.37.2".into(),
+        "scheduler.replicas=1".into(),
+        format!("scheduler.securePort={scheduler_port}"),
+    ])?;
+    cluster.start_scheduler(None)?;
     wait_orchestrator_ready("orchestrator /readyz").await?;
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(client.clone(), "kudos-system");
+    wait_for(
+        "the Kudos scheduler (kudos-scheduler Deployment) ready",
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        async || {
+            let d = deployments
+                .get_opt("kudos-scheduler")
+                .await
+                .ok()
+                .flatten()?;
+            (d.status?.ready_replicas? >= 1).then_some(())
+        },
+    )
+    .await?;
     let nodes: Api<Node> = Api::all(client.clone());
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), "kudos-system");
+    // Rollout: both nodes handed to the nvidia group's DaemonSet, the bootstrap gone.
+    wait_for(
+        "both nodes handed over to kudos-device-plugin-nvidia",
+        Duration::from_secs(180),
+        Duration::from_millis(500),
+        async || {
+            for n in [NODE_A, NODE_B] {
+                let node = nodes.get_opt(n).await.ok().flatten()?;
+                let group = node.metadata.labels?.get("kudos.dev/plugin-group").cloned();
+                (group.as_deref() == Some("nvidia")).then_some(())?;
+            }
+            let status = |name: &'static str| {
+                let daemonsets = daemonsets.clone();
+                async move { daemonsets.get_opt(name).await.ok().flatten()?.status }
+            };
+            let group = status("kudos-device-plugin-nvidia").await?;
+            let boot = status("kudos-device-plugin-bootstrap").await?;
+            (group.number_ready == 2
+                && boot.current_number_scheduled == 0
+                && boot.number_misscheduled == 0)
+                .then_some(())
+        },
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "/state rollout: {:?}",
+            state().map(|s| s["nodeMonitor"].clone())
+        )
+    })?;
+    eprintln!(
+        "RESULT rollout: derived image applied, both nodes handed over after {:?}",
+        t0.elapsed()
+    );
     for n in [NODE_A, NODE_B] {
         wait_for(
             &format!("{n}: allocatable {RES} = {}", gpus::GPUS_PER_NODE),
@@ -155,6 +257,17 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
         "RESULT Kudos installed, both nodes allocatable after {:?}",
         t0.elapsed()
     );
+    // No socket fight: each kubelet saw the bootstrap plugin register, then the group's, and
+    // nothing after (a fight re-registers every time one plugin re-creates its socket).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for node in &cluster.nodes {
+        let (_, regs) = registrations(&node.kubelet_log());
+        eprintln!(
+            "RESULT {}: registrations through the handover: {regs:?}",
+            node.spec.name
+        );
+        assert_eq!(regs.len(), 2, "{}: registrations {regs:?}", node.spec.name);
+    }
 
     // 40 jobs over time; the kubelet of node a restarts in the middle.
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
@@ -213,9 +326,42 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
         )
         .await?;
         pods.create(&PostParams::default(), &job(i)).await?;
+        if i == UPGRADE_AT {
+            // `helm upgrade` while jobs run: the orchestrator restarts with the new value;
+            // the running jobs' pods are not touched (checked below: every job succeeds, and
+            // none restarted).
+            helm.upgrade(&["orchestrator.logFormat=text".into()])?;
+            eprintln!("RESULT helm upgrade done after {:?}", t0.elapsed());
+        }
         if i == JOBS / 2 {
+            // Mid-run: restart node a's kubelet while a job runs there. (A pod bound in the
+            // window between the kubelet's start and the plugin's re-registration is refused
+            // by the kubelet itself, UnexpectedAdmissionError: so the restart waits for a
+            // running job, and submission resumes once the plugin has re-registered.)
+            wait_for(
+                "a job running on node a",
+                Duration::from_secs(60),
+                Duration::from_millis(200),
+                async || {
+                    let lp = ListParams::default()
+                        .fields(&format!("spec.nodeName={NODE_A},status.phase=Running"));
+                    (!pods.list(&lp).await.ok()?.items.is_empty()).then_some(())
+                },
+            )
+            .await?;
             cluster.nodes[0].restart_kubelet()?;
             cluster.wait_ready(0).await?;
+            let log = cluster.nodes[0].kubelet_log();
+            wait_for(
+                "the device plugin re-registered with the restarted kubelet",
+                Duration::from_secs(30),
+                Duration::from_millis(100),
+                || {
+                    let log = log.clone();
+                    async move { (!registrations(&log).1.is_empty()).then_some(()) }
+                },
+            )
+            .await?;
         }
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
@@ -270,21 +416,48 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
         JOBS - WARMUP
     );
 
-    // /explain ranks each class's faster node first.
-    for i in [JOBS - 2, JOBS - 1] {
-        let (class, fast) = class_of(i);
-        let ex = http::get_json(ORCHESTRATOR_HTTP, &format!("/explain/default/job-{i:02}"))?;
-        let best = ex["ranking"]["entries"]
-            .as_array()
-            .and_then(|e| {
-                e.iter()
-                    .filter_map(|e| {
-                        Some((e["node"].as_str()?, e["prediction"]["seconds"].as_f64()?))
-                    })
-                    .min_by(|a, b| a.1.total_cmp(&b.1))
-            })
-            .map(|(n, _)| n.to_string());
-        assert_eq!(best.as_deref(), Some(fast), "class {class}: /explain {ex}");
+    // /explain ranks each class's faster node first: the latest job of each class whose
+    // explanation ranked both nodes (when one node was full, kube-scheduler offered only the
+    // other, and the ranking has one entry).
+    for class_parity in [0, 1] {
+        let (class, fast) = class_of(class_parity);
+        let mut checked = false;
+        for i in (0..JOBS).rev().filter(|i| i % 2 == class_parity) {
+            let Ok(ex) = http::get_json(ORCHESTRATOR_HTTP, &format!("/explain/default/job-{i:02}"))
+            else {
+                continue;
+            };
+            let entries: Vec<(String, f64)> = ex["ranking"]["entries"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|e| {
+                    Some((
+                        e["node"].as_str()?.to_string(),
+                        e["prediction"]["seconds"].as_f64()?,
+                    ))
+                })
+                .collect();
+            if entries.len() < 2 {
+                continue;
+            }
+            let best = entries
+                .iter()
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+                .map(|e| e.0.as_str());
+            assert_eq!(
+                best,
+                Some(fast),
+                "class {class}: /explain of job-{i:02}: {ex}"
+            );
+            eprintln!("RESULT /explain of job-{i:02} (class {class}) predicts {entries:?}");
+            checked = true;
+            break;
+        }
+        assert!(
+            checked,
+            "no /explain of a class {class} job ranked both nodes"
+        );
     }
 
     // The kubelet restart: exactly one re-registration, within 2 s of the registration server.
@@ -336,27 +509,80 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
         "runs after the orchestrator restart"
     );
 
-    // Delete node b: its state is pruned.
-    cluster.nodes[1].stop();
-    nodes.delete(NODE_B, &DeleteParams::default()).await?;
+    // Delete the node the orchestrator does not run on (deleting its own node would first
+    // wait for the pod garbage collector): that node's state is pruned.
+    let orch_node = orch_pods
+        .list(&lp)
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.uid.as_ref().is_some_and(|u| !old.contains(u)))
+        .find_map(|p| p.spec?.node_name)
+        .context("the new orchestrator pod's node")?;
+    let victim = usize::from(orch_node == NODE_A);
+    let victim_name = cluster.nodes[victim].spec.ip.clone();
+    eprintln!("RESULT orchestrator on {orch_node}; deleting node {victim_name}");
+    cluster.nodes[victim].stop();
+    nodes.delete(&victim_name, &DeleteParams::default()).await?;
     wait_for(
-        "node b pruned from the orchestrator's state",
+        &format!("node {victim_name} pruned from the orchestrator's state"),
         Duration::from_secs(60),
         Duration::from_millis(500),
         || async {
             let s = state()?;
+            let name = Some(victim_name.as_str());
             let known = s["nodes"]
                 .as_array()?
                 .iter()
-                .any(|n| n["name"].as_str() == Some(NODE_B))
+                .any(|n| n["name"].as_str() == name)
                 || s["nodesWithoutAccelerators"]
                     .as_array()?
                     .iter()
-                    .any(|n| n.as_str() == Some(NODE_B));
+                    .any(|n| n.as_str() == name);
             (!known).then_some(())
         },
     )
     .await?;
+
+    // `helm uninstall`: the chart's objects go, and its post-delete hook removes what the
+    // orchestrator created at run time (the group's DaemonSet, the node labels); the learned
+    // state is kept (uninstall.deleteState is false by default).
+    helm.uninstall()?;
+    let left: Vec<String> = daemonsets
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|d| d.metadata.name)
+        .collect();
+    assert!(
+        left.is_empty(),
+        "DaemonSets left after helm uninstall: {left:?}"
+    );
+    let labelled = nodes
+        .list(&ListParams::default().labels("kudos.dev/plugin-group"))
+        .await?
+        .items
+        .len();
+    assert_eq!(labelled, 0, "nodes still labelled kudos.dev/plugin-group");
+    assert!(
+        deployments
+            .list(&ListParams::default())
+            .await?
+            .items
+            .is_empty(),
+        "Deployments left after helm uninstall"
+    );
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), "kudos-system");
+    assert!(
+        cms.get_opt("kudos-orchestrator-state").await?.is_some(),
+        "the learned state is kept"
+    );
+    eprintln!(
+        "RESULT helm uninstall left no DaemonSet, Deployment or node label after {:?}",
+        t0.elapsed()
+    );
     eprintln!("RESULT scenario done after {:?}", t0.elapsed());
 
     let diff = cluster.shutdown()?;

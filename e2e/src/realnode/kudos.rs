@@ -44,7 +44,7 @@ pub fn shipped_manifests() -> Result<Vec<Value>> {
 /// The changes this cluster needs, applied to one shipped object; everything else stays:
 /// - ConfigMaps that name the orchestrator's Service (the Kudos scheduler's extender URL) name
 ///   loopback instead;
-/// - pods of workloads run with `hostNetwork` (no kube-proxy: Service IPs do not route, and no
+/// - pods of workloads (and of Helm's hook Jobs) run with `hostNetwork` (no kube-proxy: Service IPs do not route, and no
 ///   cluster DNS: Service names do not resolve), reach the API server through an explicit
 ///   `KUBERNETES_SERVICE_HOST`/`PORT`, and the orchestrator's Service name becomes loopback;
 /// - DaemonSet pods bind their metrics port on the node's own IP (`--metrics-addr` or
@@ -62,7 +62,7 @@ pub fn adapt(mut obj: Value, api_port: u16) -> Value {
         }
         return obj;
     }
-    if kind != "Deployment" && kind != "DaemonSet" {
+    if !matches!(kind.as_str(), "Deployment" | "DaemonSet" | "Job") {
         return obj;
     }
     let spec = &mut obj["spec"]["template"]["spec"];
@@ -201,6 +201,122 @@ pub async fn install_chart(client: &kube::Client, api_port: u16, set: &[String])
         apply(client, &adapt(obj, api_port)).await?;
     }
     Ok(())
+}
+
+/// Helm against a test cluster, as an operator runs it: `helm install`, `upgrade`, `uninstall`
+/// of `charts/kudos`, with every Helm directory (config, cache, data, plugins) inside the run
+/// directory, so nothing of the host's is read or written. The chart's manifests pass through
+/// the post-renderer plugin `kudos-e2e-adapt` (see [`adapt`]), the only change to them.
+#[derive(Debug)]
+pub struct Helm {
+    home: std::path::PathBuf,
+    kubeconfig: std::path::PathBuf,
+}
+
+/// The release name and namespace the scenarios install.
+pub const RELEASE: &str = "kudos";
+
+impl Helm {
+    /// Sets Helm up under `run_dir/helm` for the cluster of `kubeconfig`; `adapt_bin` is the
+    /// `kudos-e2e-adapt` binary (`env!("CARGO_BIN_EXE_kudos-e2e-adapt")` in a test).
+    pub fn new(
+        run_dir: &std::path::Path,
+        kubeconfig: &std::path::Path,
+        adapt_bin: &std::path::Path,
+        api_port: u16,
+    ) -> Result<Self> {
+        let home = run_dir.join("helm");
+        let plugin = home.join("plugins/kudos-e2e-adapt");
+        std::fs::create_dir_all(&plugin)?;
+        std::fs::write(
+            plugin.join("plugin.yaml"),
+            format!(
+                "apiVersion: v1\ntype: postrenderer/v1\nname: kudos-e2e-adapt\nversion: 0.1.0\n\
+                 runtime: subprocess\nruntimeConfig:\n  platformCommand:\n    \
+                 - command: {}\n      args: [--api-port, \"{api_port}\"]\n",
+                adapt_bin.display()
+            ),
+        )?;
+        Ok(Self {
+            home,
+            kubeconfig: kubeconfig.to_path_buf(),
+        })
+    }
+
+    /// Runs `helm args...`; its stdout, or an error with its stderr.
+    pub fn run(&self, args: &[String]) -> Result<String> {
+        let h = &self.home;
+        let out = std::process::Command::new(helm_bin())
+            .current_dir(repo_root())
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("HELM_PLUGINS", h.join("plugins"))
+            .env("HELM_CONFIG_HOME", h.join("config"))
+            .env("HELM_CACHE_HOME", h.join("cache"))
+            .env("HELM_DATA_HOME", h.join("data"))
+            .args(args)
+            .output()
+            .with_context(|| format!("run {}", helm_bin().display()))?;
+        if !out.status.success() {
+            bail!(
+                "helm {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `helm VERB kudos charts/kudos` in kudos-system through the post-renderer, with `--set`
+    /// values `set` after `extra`.
+    fn release(&self, verb: &str, extra: &[&str], set: &[String]) -> Result<String> {
+        let mut args: Vec<String> = [
+            verb,
+            RELEASE,
+            "charts/kudos",
+            "--namespace",
+            "kudos-system",
+            "--post-renderer",
+            "kudos-e2e-adapt",
+        ]
+        .iter()
+        .chain(extra)
+        .map(|a| a.to_string())
+        .collect();
+        for s in set {
+            args.extend(["--set".into(), s.clone()]);
+        }
+        self.run(&args)
+    }
+
+    /// `helm install kudos charts/kudos --namespace kudos-system --create-namespace` with
+    /// `--set` values `set` (TLS off: the adapted extender URL is loopback, not the Service
+    /// name a certificate would carry).
+    pub fn install(&self, set: &[String]) -> Result<String> {
+        self.release(
+            "install",
+            &["--create-namespace", "--set", "tls.mode=none"],
+            set,
+        )
+    }
+
+    /// `helm upgrade kudos charts/kudos --reuse-values` with `--set` values `set`.
+    pub fn upgrade(&self, set: &[String]) -> Result<String> {
+        self.release("upgrade", &["--reuse-values"], set)
+    }
+
+    /// `helm uninstall kudos --namespace kudos-system --wait` (its post-delete hook included).
+    pub fn uninstall(&self) -> Result<String> {
+        self.run(
+            &[
+                "uninstall",
+                RELEASE,
+                "--namespace",
+                "kudos-system",
+                "--wait",
+            ]
+            .map(String::from),
+        )
+    }
 }
 
 /// Applies every shipped manifest, adapted, in order.
