@@ -41,11 +41,11 @@ pub struct Args {
     pub node_name: String,
 
     /// Sampling period, e.g. `1s`, `500ms`.
-    #[arg(long, env = "KUDOS_SAMPLE_PERIOD", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, env = "KUDOS_SAMPLE_PERIOD", default_value = "1s", value_parser = kudos_common::duration::parse_positive)]
     pub sample_period: Duration,
 
     /// Deadline for reading one device; a slower device is reported as failing for that round.
-    #[arg(long, env = "KUDOS_SAMPLE_TIMEOUT", default_value = "800ms", value_parser = parse_duration)]
+    #[arg(long, env = "KUDOS_SAMPLE_TIMEOUT", default_value = "800ms", value_parser = kudos_common::duration::parse_positive)]
     pub sample_timeout: Duration,
 
     /// A device counts as busy above this utilisation, in percent.
@@ -53,7 +53,7 @@ pub struct Args {
     pub busy_threshold_percent: f64,
 
     /// Period of in-progress snapshots of a running run (`0` disables them).
-    #[arg(long, env = "KUDOS_PROGRESS_PERIOD", default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, env = "KUDOS_PROGRESS_PERIOD", default_value = "60s", value_parser = kudos_common::duration::parse)]
     pub progress_period: Duration,
 
     /// GPU backend.
@@ -92,7 +92,7 @@ pub struct Args {
     /// only since the kubelet last answered (its end is still reported as that listing). A
     /// restarted kubelet lists its pods again within seconds; `0` ends a run at the first
     /// listing that lacks it. With pod metadata a run ends when its pod or container does.
-    #[arg(long, env = "KUDOS_RUN_END_GRACE", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "KUDOS_RUN_END_GRACE", default_value = "10s", value_parser = kudos_common::duration::parse)]
     pub run_end_grace: Duration,
 
     /// Orchestrator gRPC URL, e.g. `http://kudos-orchestrator.kudos-system.svc:8889` (also
@@ -111,15 +111,15 @@ pub struct Args {
     pub token_file: Option<PathBuf>,
 
     /// Heartbeat period (the orchestrator may suggest another).
-    #[arg(long, env = "KUDOS_HEARTBEAT_PERIOD", default_value = "15s", value_parser = parse_duration)]
+    #[arg(long, env = "KUDOS_HEARTBEAT_PERIOD", default_value = "15s", value_parser = kudos_common::duration::parse_positive)]
     pub heartbeat_period: Duration,
 
     /// First reconnect delay; doubles per failure up to `--backoff-max`, half of it random.
-    #[arg(long, env = "KUDOS_BACKOFF_MIN", default_value = "500ms", value_parser = parse_duration)]
+    #[arg(long, env = "KUDOS_BACKOFF_MIN", default_value = "500ms", value_parser = kudos_common::duration::parse_positive)]
     pub backoff_min: Duration,
 
     /// Largest reconnect delay.
-    #[arg(long, env = "KUDOS_BACKOFF_MAX", default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, env = "KUDOS_BACKOFF_MAX", default_value = "30s", value_parser = kudos_common::duration::parse_positive)]
     pub backoff_max: Duration,
 
     /// Reports sent but not yet acknowledged, at most.
@@ -127,7 +127,7 @@ pub struct Args {
     pub max_in_flight: usize,
 
     /// Connect and call timeout towards the kubelet and the orchestrator.
-    #[arg(long, env = "KUDOS_RPC_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, env = "KUDOS_RPC_TIMEOUT", default_value = "5s", value_parser = kudos_common::duration::parse_positive)]
     pub rpc_timeout: Duration,
 
     /// Outbox directory (created `0700`); must survive agent restarts (a hostPath).
@@ -191,38 +191,33 @@ impl Args {
     }
 }
 
-/// Parses `1.5`, `500ms`, `1s`, `2m`, `1h` (a bare number is seconds).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("not a duration: {s:?} (try 1s, 500ms)"))?;
-    let secs = match unit.trim() {
-        "" | "s" => v,
-        "ms" => v / 1e3,
-        "m" => v * 60.0,
-        "h" => v * 3600.0,
-        u => return Err(format!("unknown duration unit {u:?} (use ms, s, m or h)")),
-    };
-    Duration::try_from_secs_f64(secs).map_err(|e| format!("bad duration {s:?}: {e}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn durations() {
-        assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
-        assert!(parse_duration("fast").is_err());
-        assert!(parse_duration("1d").is_err());
+    fn duration_flags_are_bounded_and_periods_positive() {
+        let parse = |flag: &str, v: &str| {
+            Args::try_parse_from(["kudos-node-agent", "--node-name", "n1", flag, v])
+        };
+        let a = parse("--rpc-timeout", "2m").expect("parse");
+        assert_eq!(a.rpc_timeout, Duration::from_secs(120));
+        // Huge values overflowed `rpc_timeout * 12` and `sample_period * 10` (a panic).
+        for (flag, v) in [
+            ("--rpc-timeout", "2e18"),
+            ("--sample-period", "10000000000000000000"),
+            ("--heartbeat-period", "8d"),
+            ("--sample-period", "0s"),
+        ] {
+            let e = parse(flag, v).expect_err(v).to_string();
+            assert!(e.contains(flag), "{flag}={v}: {e}");
+        }
+        assert_eq!(
+            parse("--run-end-grace", "0")
+                .expect("0 allowed")
+                .run_end_grace,
+            Duration::ZERO
+        );
     }
 
     #[test]
