@@ -15,6 +15,7 @@ pub mod gpus;
 pub mod host;
 pub mod kudos;
 pub mod node;
+pub mod scenario;
 
 use crate::cluster::{ControlPlane, ControlPlaneOptions, ExtenderOptions};
 use crate::paths::{RunDir, upstream_bin};

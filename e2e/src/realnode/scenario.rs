@@ -1,0 +1,349 @@
+//! The heterogeneous scenario the real-node test (`tests/realnode_kudos.rs`) and the local demo
+//! (`kudos-e2e-demo`) both run: Kudos installed with `helm install` (rollout on, the chart's
+//! own Kudos scheduler) on the two GPU nodes of [`super::gpus`], and jobs of two classes, X
+//! fastest on node a's V100s and Y on node b's T4s (`examples/workload`).
+
+use super::RealCluster;
+use super::gpus;
+use super::kudos::{Helm, ORCHESTRATOR_HTTP};
+use crate::http;
+use crate::paths::RunDir;
+use crate::proc::wait_for;
+use anyhow::{Context, Result};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::ListParams;
+use kudos_testkit::registry::{self, Registry};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Node a (4 × V100): class X's faster node.
+pub const NODE_A: &str = "127.0.0.1";
+/// Node b (4 × T4): class Y's faster node.
+pub const NODE_B: &str = "127.0.0.2";
+/// Work units of every job (6 s at speed 1).
+pub const WORK: f64 = 6.0;
+/// The unified resource name.
+pub const RES: &str = "kudos.dev/gpu";
+
+/// Class of job `i` and the node where that class runs fastest.
+pub fn class_of(i: usize) -> (&'static str, &'static str) {
+    if i.is_multiple_of(2) {
+        ("X", NODE_A)
+    } else {
+        ("Y", NODE_B)
+    }
+}
+
+/// Job `i`: one device, its class label and declared work, scheduled by the Kudos scheduler.
+pub fn job(i: usize) -> Pod {
+    let (class, _) = class_of(i);
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": format!("job-{i:02}"),
+            "labels": {"kudos.dev/class": class},
+            "annotations": {"kudos.dev/work": WORK.to_string()},
+        },
+        "spec": {
+            // Opt in to the chart's Kudos scheduler; the default scheduler stays as it is.
+            "schedulerName": "kudos",
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "job",
+                "image": "localhost/kudos/kudos-workload:0.1.0",
+                "args": ["--class", class, "--work", WORK.to_string()],
+                "resources": {"limits": {RES: "1"}},
+            }],
+        },
+    }))
+    .expect("valid pod")
+}
+
+/// The orchestrator's `/state`, if it answers.
+pub fn state() -> Option<serde_json::Value> {
+    http::get_json(ORCHESTRATOR_HTTP, "/state").ok()
+}
+
+/// Runs the orchestrator has learned from.
+pub fn model_runs() -> Option<u64> {
+    state()?["model"]["runs"].as_u64()
+}
+
+/// Waits until the orchestrator answers `/readyz` with 200.
+pub async fn wait_orchestrator_ready(what: &str) -> Result<()> {
+    wait_for(
+        what,
+        Duration::from_secs(120),
+        Duration::from_millis(250),
+        || async {
+            http::request("GET", ORCHESTRATOR_HTTP, "/readyz", None)
+                .ok()
+                .filter(|r| r.status == 200)
+                .map(|_| ())
+        },
+    )
+    .await
+}
+
+/// Kudos as installed by [`install`].
+#[derive(Debug)]
+pub struct Installed {
+    /// The registry derived plugin images are pushed to (stops on drop).
+    pub registry: Registry,
+    /// Helm, for `upgrade` and `uninstall`.
+    pub helm: Helm,
+}
+
+/// Everything [`install`] needs besides the real-node files (for `require_bins`).
+pub fn required_files() -> Vec<std::path::PathBuf> {
+    let mut v = gpus::required_files(gpus::IMAGES);
+    v.extend(registry::bins());
+    v.push(super::kudos::helm_bin());
+    v
+}
+
+/// Installs Kudos on `cluster` as an operator would: a registry holding the plugin base image,
+/// `helm install` with rollout on and the chart's Kudos scheduler (the image built from e2e's
+/// kube-scheduler, one replica: all pods share the host's network here, so a second could not
+/// bind its port), the default scheduler without any extender (it places Kudos' own pods).
+/// Returns once both nodes were handed to the derived `nvidia` plugin and are allocatable.
+pub async fn install(
+    run: &RunDir,
+    cluster: &mut RealCluster,
+    adapt_bin: &Path,
+) -> Result<Installed> {
+    let t0 = Instant::now();
+    let reg = Registry::start(run.path(), crate::proc::free_port()).await?;
+    let base = format!("{}/kudos/kudos-device-plugin:0.1.0", reg.addr);
+    let archive = gpus::image_dir().join("kudos-device-plugin.tar");
+    registry::skopeo(&[
+        "copy",
+        "--quiet",
+        "--dest-tls-verify=false",
+        &format!("docker-archive:{}", archive.display()),
+        &format!("docker://{base}"),
+    ])?;
+    let api_port: u16 = cluster
+        .cp
+        .server
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .context("apiserver port")?;
+    let helm = Helm::new(run.path(), &cluster.cp.kubeconfig, adapt_bin, api_port)?;
+    helm.install(&[
+        "orchestrator.rollout.enabled=true".into(),
+        format!("orchestrator.rollout.baseImage={base}"),
+        format!(
+            "orchestrator.rollout.repository={}/kudos/device-plugin-derived",
+            reg.addr
+        ),
+        "scheduler.image.registry=localhost".into(),
+        "scheduler.image.repository=kudos/kube-scheduler".into(),
+        "scheduler.image.tag=v1.37.2".into(),
+        "scheduler.replicas=1".into(),
+        format!("scheduler.securePort={}", crate::proc::free_port()),
+    ])?;
+    cluster.start_scheduler(None)?;
+    wait_orchestrator_ready("orchestrator /readyz").await?;
+    let client = cluster.cp.client.clone();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "kudos-system");
+    wait_for(
+        "the Kudos scheduler (kudos-scheduler Deployment) ready",
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        async || {
+            let d = deployments
+                .get_opt("kudos-scheduler")
+                .await
+                .ok()
+                .flatten()?;
+            (d.status?.ready_replicas? >= 1).then_some(())
+        },
+    )
+    .await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client, "kudos-system");
+    // Rollout: both nodes handed to the nvidia group's DaemonSet, the bootstrap gone.
+    wait_for(
+        "both nodes handed over to kudos-device-plugin-nvidia",
+        Duration::from_secs(180),
+        Duration::from_millis(500),
+        async || {
+            for n in [NODE_A, NODE_B] {
+                let node = nodes.get_opt(n).await.ok().flatten()?;
+                let group = node.metadata.labels?.get("kudos.dev/plugin-group").cloned();
+                (group.as_deref() == Some("nvidia")).then_some(())?;
+            }
+            let status = |name: &'static str| {
+                let daemonsets = daemonsets.clone();
+                async move { daemonsets.get_opt(name).await.ok().flatten()?.status }
+            };
+            let group = status("kudos-device-plugin-nvidia").await?;
+            let boot = status("kudos-device-plugin-bootstrap").await?;
+            (group.number_ready == 2
+                && boot.current_number_scheduled == 0
+                && boot.number_misscheduled == 0)
+                .then_some(())
+        },
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "/state rollout: {:?}",
+            state().map(|s| s["nodeMonitor"].clone())
+        )
+    })?;
+    eprintln!(
+        "RESULT rollout: derived image applied, both nodes handed over after {:?}",
+        t0.elapsed()
+    );
+    for n in [NODE_A, NODE_B] {
+        wait_for(
+            &format!("{n}: allocatable {RES} = {}", gpus::GPUS_PER_NODE),
+            Duration::from_secs(120),
+            Duration::from_millis(500),
+            async || {
+                let node = nodes.get_opt(n).await.ok().flatten()?;
+                let q = node.status?.allocatable?.get(RES)?.0.clone();
+                (q == gpus::GPUS_PER_NODE.to_string()).then_some(())
+            },
+        )
+        .await?;
+    }
+    eprintln!(
+        "RESULT Kudos installed, both nodes allocatable after {:?}",
+        t0.elapsed()
+    );
+    Ok(Installed {
+        registry: reg,
+        helm,
+    })
+}
+
+/// Finished jobs as they finish: name → (node, phase). Submitting a job only while a device
+/// is free (as a batch queue such as Kueue or Volcano would) makes a run measure placement,
+/// not queueing.
+#[derive(Debug)]
+pub struct Reaper {
+    finished: Arc<Mutex<BTreeMap<String, (String, String)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Reaper {
+    /// Starts recording the finished pods of `pods` (listed every 500 ms).
+    pub fn spawn(pods: Api<Pod>) -> Self {
+        let finished: Arc<Mutex<BTreeMap<String, (String, String)>>> = Arc::default();
+        let task = tokio::spawn({
+            let finished = finished.clone();
+            async move {
+                loop {
+                    match pods.list(&ListParams::default()).await {
+                        Ok(list) => {
+                            for p in list.items {
+                                let (Some(name), Some(node), Some(phase)) = (
+                                    p.metadata.name.clone(),
+                                    p.spec.as_ref().and_then(|s| s.node_name.clone()),
+                                    p.status.as_ref().and_then(|s| s.phase.clone()),
+                                ) else {
+                                    continue;
+                                };
+                                if phase != "Succeeded" && phase != "Failed" {
+                                    continue;
+                                }
+                                if let Ok(mut done) = finished.lock()
+                                    && done
+                                        .insert(name.clone(), (node.clone(), phase.clone()))
+                                        .is_none()
+                                {
+                                    eprintln!("finished: {name} on {node}: {phase}");
+                                }
+                            }
+                        }
+                        Err(e) => eprintln!("reaper: listing pods failed: {e}"),
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        });
+        Self { finished, task }
+    }
+
+    /// How many jobs have finished.
+    pub fn count(&self) -> usize {
+        self.finished.lock().map_or(0, |d| d.len())
+    }
+
+    /// Waits until a device is free for job `i` (fewer than all devices busy).
+    pub async fn wait_for_free_device(&self, i: usize) -> Result<()> {
+        let capacity = 2 * gpus::GPUS_PER_NODE as usize;
+        wait_for(
+            "a free device for the next job",
+            Duration::from_secs(120),
+            Duration::from_millis(200),
+            async || (i - self.count() < capacity).then_some(()),
+        )
+        .await
+    }
+
+    /// Waits until `n` jobs have finished; stops recording and returns (name, node, phase).
+    pub async fn wait_all(self, n: usize) -> Result<Vec<(String, String, String)>> {
+        let placed = wait_for(
+            "every job finished",
+            Duration::from_secs(600),
+            Duration::from_secs(1),
+            async || {
+                let done = self.finished.lock().ok()?;
+                (done.len() == n).then(|| {
+                    done.iter()
+                        .map(|(name, (node, ph))| (name.clone(), node.clone(), ph.clone()))
+                        .collect::<Vec<_>>()
+                })
+            },
+        )
+        .await;
+        self.task.abort();
+        placed
+    }
+}
+
+/// Of `placed` jobs numbered at least `from`, how many ran on their class's faster node.
+pub fn on_faster_node(placed: &[(String, String, String)], from: usize) -> (usize, usize) {
+    let mut on_fast = 0;
+    let mut total = 0;
+    for (name, node, _) in placed {
+        let Ok(i) = name.trim_start_matches("job-").parse::<usize>() else {
+            continue;
+        };
+        if i >= from {
+            total += 1;
+            on_fast += usize::from(node == class_of(i).1);
+        }
+    }
+    (on_fast, total)
+}
+
+/// The predictions of the latest job of class `parity` (0: X, 1: Y) among `0..jobs` whose
+/// `/explain` ranked both nodes (when one node was full, kube-scheduler offered only the
+/// other): (job, [(node, predicted seconds)]).
+pub fn ranked_both(parity: usize, jobs: usize) -> Option<(usize, Vec<(String, f64)>)> {
+    (0..jobs).rev().filter(|i| i % 2 == parity).find_map(|i| {
+        let ex = http::get_json(ORCHESTRATOR_HTTP, &format!("/explain/default/job-{i:02}")).ok()?;
+        let entries: Vec<(String, f64)> = ex["ranking"]["entries"]
+            .as_array()?
+            .iter()
+            .filter_map(|e| {
+                Some((
+                    e["node"].as_str()?.to_string(),
+                    e["prediction"]["seconds"].as_f64()?,
+                ))
+            })
+            .collect();
+        (entries.len() >= 2).then_some((i, entries))
+    })
+}
