@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub use kudos_testkit::{cluster, http, kubelet, nodes, orchestrator, paths, proc};
+pub mod browser;
 pub mod null_extender;
 pub mod pods;
 pub mod realnode;

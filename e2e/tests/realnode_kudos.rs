@@ -194,6 +194,38 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
         eprintln!("RESULT /explain of job-{i:02} (class {class}) predicts {entries:?}");
     }
 
+    // The status page in headless Chromium: the learned heatmap shows each class faster on
+    // its node's model, and the screenshot has the heatmap's green.
+    let page = scenario::status_page(&run.join("status-page"))?;
+    eprintln!(
+        "RESULT /status in Chromium: {:?}; {} green pixels in {}",
+        page.cells,
+        page.green_pixels,
+        page.screenshot.display()
+    );
+    for (class, fast, slow) in [
+        ("X", gpus::MODEL_A, gpus::MODEL_B),
+        ("Y", gpus::MODEL_B, gpus::MODEL_A),
+    ] {
+        let cell = |model: &str| {
+            page.cells
+                .get(&(class.to_string(), model.to_string()))
+                .copied()
+        };
+        let (f, s) = (cell(fast), cell(slow));
+        assert!(
+            f.zip(s).is_some_and(|(f, s)| f < s),
+            "class {class}: the page should show {fast} faster than {slow}: {:?}",
+            page.cells
+        );
+    }
+    // Each row's fastest cell is green: two cells of about 100x40 pixels at the least.
+    assert!(
+        page.green_pixels > 2000,
+        "{} green pixels",
+        page.green_pixels
+    );
+
     // The kubelet restart: exactly one re-registration, within 2 s of the registration server.
     let (start, regs) = registrations(&cluster.nodes[0].kubelet_log());
     assert_eq!(

@@ -42,4 +42,13 @@ impl<K: Hash + Eq + Clone, V> FifoMap<K, V> {
     {
         self.map.get(key)
     }
+
+    /// Up to `n` kept entries, newest first.
+    pub fn newest(&self, n: usize) -> impl Iterator<Item = (&K, &V)> {
+        self.order
+            .iter()
+            .rev()
+            .filter_map(|k| self.map.get(k).map(|v| (k, v)))
+            .take(n)
+    }
 }

@@ -293,6 +293,30 @@ async fn get_state(State(s): St) -> Result<Response, AppError> {
     .map_err(|e| AppError::Internal(e.to_string()))?
 }
 
+/// `GET /status`: the operator's page (see [`crate::status`]), built on a blocking thread
+/// under the heavy-endpoint limit like `/state`.
+async fn get_status(State(s): St) -> Result<Response, AppError> {
+    let _permit = heavy(&s)?;
+    let st = s.clone();
+    tokio::task::spawn_blocking(move || {
+        let now = crate::extender::unix_now();
+        let (view, model) = {
+            let index = st.index.read();
+            (index.view(now), index.model())
+        };
+        let recent = st.extender.explain.recent(30);
+        let page = crate::status::render(&crate::status::StatusInputs {
+            view: &view,
+            model: &model,
+            recent: &recent,
+            now,
+        });
+        ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], page).into_response()
+    })
+    .await
+    .map_err(|e| AppError::Internal(e.to_string()))
+}
+
 /// Builds the router; testable with `tower::ServiceExt::oneshot`.
 pub fn router(state: Arc<HttpState>, limits: &HttpLimits) -> Router {
     let p = &limits.prefix;
@@ -304,6 +328,7 @@ pub fn router(state: Arc<HttpState>, limits: &HttpLimits) -> Router {
         .route("/metrics", get(metrics))
         .route("/explain/{namespace}/{pod}", get(explain))
         .route("/state", get(get_state))
+        .route("/status", get(get_status))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,
             limits.timeout,

@@ -36,6 +36,7 @@ pub mod metrics;
 pub mod quantity;
 pub mod rollout;
 pub mod state;
+pub mod status;
 pub mod store;
 pub mod store_k8s;
 pub mod uninstall;

@@ -110,6 +110,10 @@ async fn main() -> Result<()> {
     if failed > 0 {
         println!("{failed} job(s) failed");
     }
+    let page = scenario::status_page(&run.join("status-page"))?;
+    let shot = kudos_e2e::paths::repo_root().join("e2e/_work/demo-status.png");
+    std::fs::copy(&page.screenshot, &shot)?;
+    println!("The status page as a browser showed it: {}", shot.display());
 
     println!();
     println!("Uninstalling Kudos and tearing the cluster down ...");

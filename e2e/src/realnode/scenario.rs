@@ -104,6 +104,7 @@ pub fn required_files() -> Vec<std::path::PathBuf> {
     let mut v = gpus::required_files(gpus::IMAGES);
     v.extend(registry::bins());
     v.push(super::kudos::helm_bin());
+    v.push(crate::browser::chromium_bin());
     v
 }
 
@@ -345,5 +346,40 @@ pub fn ranked_both(parity: usize, jobs: usize) -> Option<(usize, Vec<(String, f6
             })
             .collect();
         (entries.len() >= 2).then_some((i, entries))
+    })
+}
+
+/// What the status page showed in Chromium: per (class, model) the learned seconds per unit
+/// of work, the screenshot's path and how many of its pixels are the heatmap's green (a
+/// class's fastest model, confidently learned).
+#[derive(Debug)]
+pub struct StatusPage {
+    /// (class, GPU model) → seconds per unit of work, from the rendered DOM.
+    pub cells: BTreeMap<(String, String), f64>,
+    /// The screenshot.
+    pub screenshot: std::path::PathBuf,
+    /// Strongly green pixels in it.
+    pub green_pixels: usize,
+}
+
+/// Renders the orchestrator's `/status` in headless Chromium (see [`crate::browser`]).
+pub fn status_page(dir: &Path) -> Result<StatusPage> {
+    let url = format!("http://{ORCHESTRATOR_HTTP}/status");
+    let (dom, image) = crate::browser::render(&url, dir, 1280, 1400)?;
+    let mut cells = BTreeMap::new();
+    for td in dom.split("<td data-class=\"").skip(1) {
+        let mut attrs = td.split('"');
+        let class = attrs.next().unwrap_or_default().to_string();
+        let model = attrs.nth(1).unwrap_or_default().to_string();
+        if let Some(seconds) = attrs.nth(1).and_then(|s| s.parse::<f64>().ok()) {
+            cells.insert((class, model), seconds);
+        }
+    }
+    let green_pixels =
+        image.count(|r, g, b| g > 140 && g > r.saturating_add(70) && g > b.saturating_add(70));
+    Ok(StatusPage {
+        cells,
+        screenshot: dir.join("screenshot.png"),
+        green_pixels,
     })
 }

@@ -91,6 +91,12 @@ impl ExplainCache {
         let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         g.get(&format!("{namespace}/{pod}")).cloned()
     }
+
+    /// The `n` pods ranked most recently (first ranked, newest first) with their last ranking.
+    pub fn recent(&self, n: usize) -> Vec<(String, Arc<Explained>)> {
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        g.newest(n).map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
 }
 
 /// The last filter's ranking, which prioritize reuses for the same pod when nothing changed
