@@ -20,6 +20,7 @@
 
 pub mod auth;
 pub mod config;
+pub mod events;
 pub mod extender;
 #[cfg(test)]
 mod fake_api;
@@ -342,6 +343,7 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         unified: s.unified_resource_name.clone(),
         last_filter: Default::default(),
+        events: client.clone().map(events::PodEvents::spawn),
     };
     let http_state = Arc::new(http::HttpState {
         watchdog,

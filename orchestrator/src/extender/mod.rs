@@ -131,6 +131,8 @@ pub struct Extender {
     pub unified: String,
     /// Filter → prioritize reuse.
     pub last_filter: LastFilter,
+    /// One event per ranked pod (with a cluster).
+    pub events: Option<Arc<crate::events::PodEvents>>,
 }
 
 /// The outcome of evaluating one pod against candidate nodes.
@@ -526,6 +528,9 @@ impl Extender {
                 (ev.explained, ev.gang_node)
             }
         };
+        if let Some(events) = &self.events {
+            events.ranked(&facts, &explained);
+        }
         let scores: crate::fasthash::FastMap<&str, u8> = explained
             .ranking
             .entries
