@@ -105,6 +105,9 @@ count $d "automountServiceAccountToken: false" 1 "only the device plugin (no API
 has $d "{key: kudos.dev/plugin-group, operator: DoesNotExist}" "bootstrap plugin stays off nodes a rendered plugin group owns"
 has $d "resourceNames: [kudos-scheduler]" "scheduler may update only its own lease"
 has $d "helm.sh/hook: post-delete" "uninstall cleanup Job is a post-delete hook"
+has $d 'grafana_dashboard: "1"' "Grafana dashboard ConfigMap for the sidecar"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["panels"] and all(t["expr"] for p in d["panels"] for t in p["targets"])' \
+  charts/kudos/dashboards/kudos.json && pass "dashboard JSON parses, every panel queries" || fail "dashboard JSON"
 has $d "- uninstall" "the cleanup Job runs kudos-orchestrator uninstall"
 hasnt $d "delete-state-configmap" "state kept on uninstall by default"
 has $c "- --delete-state-configmap=kudos-orchestrator-state" "uninstall.deleteState deletes the state ConfigMap"

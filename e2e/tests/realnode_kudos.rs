@@ -194,6 +194,37 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
         eprintln!("RESULT /explain of job-{i:02} (class {class}) predicts {entries:?}");
     }
 
+    // `kubectl describe pod` tells why: one KudosRanked event per job, pointing at /explain.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), "default");
+    let last = format!("job-{:02}", JOBS - 1);
+    let note = wait_for(
+        "the KudosRanked event of the last job",
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        async || {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some("KudosRanked")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                            == Some(last.as_str())
+                })
+                .and_then(|e| e.note)
+        },
+    )
+    .await?;
+    eprintln!("RESULT event on {last}: {note}");
+    assert!(note.contains(&format!("/explain/default/{last}")), "{note}");
+
+    // Every metric the chart's Grafana dashboard queries is one the components expose.
+    let missing = scenario::dashboard_metrics_missing()?;
+    assert!(
+        missing.is_empty(),
+        "dashboard queries metrics nobody exposes: {missing:?}"
+    );
+
     // The status page in headless Chromium: the learned heatmap shows each class faster on
     // its node's model, and the screenshot has the heatmap's green.
     let page = scenario::status_page(&run.join("status-page"))?;

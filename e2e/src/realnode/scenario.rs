@@ -383,3 +383,39 @@ pub fn status_page(dir: &Path) -> Result<StatusPage> {
         green_pixels,
     })
 }
+
+/// Metric names the chart's Grafana dashboard (`charts/kudos/dashboards/kudos.json`) queries
+/// that none of the orchestrator's, node a's agent's or node a's device plugin's `/metrics`
+/// exposes (histogram queries name the `_bucket` series; a family without samples counts by
+/// its `# TYPE` line).
+pub fn dashboard_metrics_missing() -> Result<Vec<String>> {
+    let path = crate::paths::repo_root().join("charts/kudos/dashboards/kudos.json");
+    let dashboard: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    let mut exposed = String::new();
+    for addr in [ORCHESTRATOR_HTTP, "127.0.0.1:9410", "127.0.0.1:9401"] {
+        let r = http::request("GET", addr, "/metrics", None)
+            .with_context(|| format!("GET {addr}/metrics"))?;
+        exposed.push_str(&String::from_utf8_lossy(&r.body));
+    }
+    let mut missing = Vec::new();
+    for panel in dashboard["panels"].as_array().into_iter().flatten() {
+        for t in panel["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"].as_str().unwrap_or_default();
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                // A family without samples yet (no rejection so far) still has its TYPE line.
+                let family = ["_total", "_bucket"]
+                    .iter()
+                    .find_map(|s| word.strip_suffix(s))
+                    .unwrap_or(word);
+                let seen = exposed.contains(&format!("{word}{{"))
+                    || exposed.contains(&format!("{word} "))
+                    || exposed.contains(&format!("# TYPE {family} "))
+                    || exposed.contains(&format!("# TYPE {word} "));
+                if word.starts_with("kudos_") && !seen {
+                    missing.push(word.to_string());
+                }
+            }
+        }
+    }
+    Ok(missing)
+}
