@@ -152,6 +152,15 @@ pub fn main_with_args() -> ExitCode {
     kudos_common::run_daemon(runtime, run(settings))
 }
 
+/// The client configuration of the kubeconfig file at `path`, errors naming the file.
+pub async fn kubeconfig(path: &std::path::Path) -> anyhow::Result<kube::Config> {
+    let kc = kube::config::Kubeconfig::read_from(path)
+        .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+    kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await
+        .with_context(|| format!("loading kubeconfig {}", path.display()))
+}
+
 async fn kube_client(s: &Settings) -> anyhow::Result<Option<kube::Client>> {
     if s.standalone {
         tracing::info!(
@@ -160,13 +169,7 @@ async fn kube_client(s: &Settings) -> anyhow::Result<Option<kube::Client>> {
         return Ok(None);
     }
     let config = match &s.kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("loading kubeconfig {}", path.display()))?
-        }
+        Some(path) => kubeconfig(path).await?,
         None => match kube::Config::infer().await {
             Ok(c) => c,
             Err(e) => {

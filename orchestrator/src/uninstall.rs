@@ -46,13 +46,7 @@ pub struct Removed {
 
 async fn client(args: &UninstallArgs) -> anyhow::Result<kube::Client> {
     let config = match &args.kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("loading kubeconfig {}", path.display()))?
-        }
+        Some(path) => crate::kubeconfig(path).await?,
         None => kube::Config::infer()
             .await
             .context("no kubeconfig and not in a cluster")?,
