@@ -218,10 +218,22 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
     eprintln!("RESULT event on {last}: {note}");
     assert!(note.contains(&format!("/explain/default/{last}")), "{note}");
 
-    // Every metric the chart's Grafana dashboard queries is one the components expose.
-    let missing = scenario::dashboard_metrics_missing()?;
+    // Every metric the chart's Grafana dashboard queries is one the components expose. (The
+    // per-node heartbeat gauge appears with the first heartbeat the orchestrator restarted by
+    // `helm upgrade` receives: up to one heartbeat interval, 30 s.)
+    let mut missing = Vec::new();
+    let exposed = wait_for(
+        "every metric the Grafana dashboard queries exposed",
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+        async || {
+            missing = scenario::dashboard_metrics_missing().ok()?;
+            missing.is_empty().then_some(())
+        },
+    )
+    .await;
     assert!(
-        missing.is_empty(),
+        exposed.is_ok(),
         "dashboard queries metrics nobody exposes: {missing:?}"
     );
 

@@ -30,6 +30,9 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
+/// The reasons of `run_report_rejections_total` (see `grpc::check_run_report`).
+pub const REJECTION_REASONS: [&str; 3] = ["name_too_long", "too_many_devices", "implausible_time"];
+
 /// All metrics of the process.
 pub struct Metrics {
     registry: Registry,
@@ -133,6 +136,11 @@ impl Metrics {
         let monitor = kudos_rollout::MonitorMetrics::default();
         monitor.register(registry.sub_registry_with_prefix("node"));
         let report_rejections = Family::<ReasonLabels, Counter>::default();
+        // Every reason at 0 from the start, so dashboards and alerts see the series before the
+        // first rejection (a family without children is not exposed at all).
+        for reason in REJECTION_REASONS {
+            let _ = report_rejections.get_or_create(&ReasonLabels { reason });
+        }
         registry.register(
             "run_report_rejections",
             "Run reports refused by a bound (implausible times, oversized names), by reason",
