@@ -60,9 +60,11 @@ async fn main() -> Result<()> {
     println!("Installing Kudos with helm (rollout on, Kudos' own scheduler) ...");
     let kudos = scenario::install(&run, &mut cluster, &adapt).await?;
     println!(
-        "Kudos ready after {:.0?}; submitting {jobs} jobs, one per free GPU ...",
-        t0.elapsed()
+        "Kudos ready after {:.0?}; its status page: http://{}/status",
+        t0.elapsed(),
+        kudos_e2e::realnode::kudos::ORCHESTRATOR_HTTP
     );
+    println!("Submitting {jobs} jobs, one per free GPU ...");
     let pods: Api<Pod> = Api::namespaced(cluster.cp.client.clone(), "default");
     let reaper = Reaper::spawn(pods.clone());
     for i in 0..jobs {
