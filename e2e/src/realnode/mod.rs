@@ -74,6 +74,7 @@ impl RealCluster {
     /// Cleans up after earlier runs, records the host state, and starts the control plane,
     /// kube-controller-manager and every node; returns once each Node is Ready.
     pub async fn start(run: &RunDir, opts: RealClusterOptions) -> Result<Self> {
+        check_disk(run.path())?;
         host::cleanup().context("cleaning up an earlier real-node run")?;
         let before = HostSnapshot::capture();
         let marker = run.path().display().to_string();
@@ -232,4 +233,39 @@ impl Drop for RealCluster {
             eprintln!("realnode: {e:#}");
         }
     }
+}
+
+/// Fails early, saying why, when the run directory's file system is nearly full: below the
+/// kubelets' `evictionHard` (`nodefs.available: 2%`) every node gets the DiskPressure taint and
+/// no pod is ever scheduled, which otherwise surfaces minutes later as "no free device". A
+/// margin of 2 GiB is asked for above it (images, logs and containers of one scenario).
+fn check_disk(dir: &std::path::Path) -> Result<()> {
+    let out = Command::new("df")
+        .args(["-B1", "--output=avail,size"])
+        .arg(dir)
+        .output()
+        .context("run df")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let nums: Vec<u64> = text
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    if let [avail, size] = nums[..] {
+        let need = size / 50 + (2 << 30);
+        anyhow::ensure!(
+            avail >= need,
+            "only {:.1} GiB free on the file system of {}: the real nodes' kubelets would taint \
+             themselves DiskPressure below {:.1} GiB (2% of {:.0} GiB) and schedule nothing; \
+             free at least {:.1} GiB (old target directories, e2e/_work)",
+            avail as f64 / f64::from(1u32 << 30),
+            dir.display(),
+            (size / 50) as f64 / f64::from(1u32 << 30),
+            size as f64 / f64::from(1u32 << 30),
+            (need - avail) as f64 / f64::from(1u32 << 30)
+        );
+    }
+    Ok(())
 }
