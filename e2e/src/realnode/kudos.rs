@@ -1,12 +1,9 @@
-//! Installing Kudos on a real-node cluster from what `deploy/manifests` ships, or from the
-//! Helm chart rendered with an operator's values ([`install_chart`]), changing only what a
-//! cluster without kube-proxy and cluster DNS forces (see [`adapt`]).
+//! Installing Kudos on a real-node cluster with Helm ([`Helm`]), as an operator would, its
+//! manifests changed only where a cluster without kube-proxy and cluster DNS forces it (see
+//! [`adapt`], run as Helm's post-renderer).
 
 use crate::paths::repo_root;
 use anyhow::{Context, Result, bail};
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::core::GroupVersionKind;
-use kube::discovery::pinned_kind;
 use serde_json::{Value, json};
 
 /// Where the orchestrator listens once it runs with `hostNetwork` (the shipped config binds
@@ -16,30 +13,6 @@ pub const ORCHESTRATOR_HTTP: &str = "127.0.0.1:8888";
 pub const ORCHESTRATOR_GRPC: &str = "127.0.0.1:8889";
 /// The in-cluster Service host name the shipped manifests use.
 const SERVICE_HOST: &str = "kudos-orchestrator.kudos-system.svc";
-
-/// Every document of `deploy/manifests/*.yaml`, in file order.
-pub fn shipped_manifests() -> Result<Vec<Value>> {
-    let dir = repo_root().join("deploy/manifests");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .with_context(|| format!("read {}", dir.display()))?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    files.sort();
-    let mut docs = Vec::new();
-    for f in files {
-        let text = std::fs::read_to_string(&f)?;
-        for d in serde_yaml::Deserializer::from_str(&text) {
-            let v: Value = serde::Deserialize::deserialize(d)
-                .with_context(|| format!("parse {}", f.display()))?;
-            if !v.is_null() {
-                docs.push(v);
-            }
-        }
-    }
-    Ok(docs)
-}
 
 /// The changes this cluster needs, applied to one shipped object; everything else stays:
 /// - ConfigMaps that name the orchestrator's Service (the Kudos scheduler's extender URL) name
@@ -109,98 +82,9 @@ pub fn adapt(mut obj: Value, api_port: u16) -> Value {
     obj
 }
 
-/// Server-side applies `obj` (any kind the API server serves).
-pub async fn apply(client: &kube::Client, obj: &Value) -> Result<()> {
-    let (group, version) = match obj["apiVersion"]
-        .as_str()
-        .unwrap_or_default()
-        .split_once('/')
-    {
-        Some((g, v)) => (g.to_string(), v.to_string()),
-        None => (
-            String::new(),
-            obj["apiVersion"].as_str().unwrap_or_default().to_string(),
-        ),
-    };
-    let kind = obj["kind"].as_str().unwrap_or_default();
-    let name = obj["metadata"]["name"]
-        .as_str()
-        .with_context(|| format!("{kind} without a name"))?;
-    let (ar, caps) = pinned_kind(client, &GroupVersionKind::gvk(&group, &version, kind))
-        .await
-        .with_context(|| format!("discover {kind}"))?;
-    let api: Api<DynamicObject> = match (caps.scope, obj["metadata"]["namespace"].as_str()) {
-        (kube::discovery::Scope::Namespaced, Some(ns)) => {
-            Api::namespaced_with(client.clone(), ns, &ar)
-        }
-        (kube::discovery::Scope::Namespaced, None) => bail!("{kind} {name} has no namespace"),
-        (kube::discovery::Scope::Cluster, _) => Api::all_with(client.clone(), &ar),
-    };
-    api.patch(
-        name,
-        &PatchParams::apply("kudos-e2e").force(),
-        &Patch::Apply(obj),
-    )
-    .await
-    .with_context(|| format!("apply {kind} {name}"))?;
-    Ok(())
-}
-
-/// The Helm chart (`charts/kudos`) rendered as `charts/render-deploy` renders `deploy/`, with
-/// the operator's `--set` values `set` added: the namespace first, then every document.
-/// Needs `charts/_out/bin/helm` (`charts/build-helm`).
-pub fn chart_manifests(set: &[String]) -> Result<Vec<Value>> {
-    let root = repo_root();
-    let helm = helm_bin();
-    let mut cmd = std::process::Command::new(&helm);
-    cmd.current_dir(&root).args([
-        "template",
-        "kudos",
-        "charts/kudos",
-        "--namespace",
-        "kudos-system",
-        "--kube-version",
-        "v1.37.2",
-        "--no-hooks",
-        "--set",
-        "tls.mode=none",
-    ]);
-    for s in set {
-        cmd.args(["--set", s]);
-    }
-    let out = cmd
-        .output()
-        .with_context(|| format!("run {}", helm.display()))?;
-    if !out.status.success() {
-        bail!(
-            "helm template {set:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let mut docs = vec![json!({
-        "apiVersion": "v1", "kind": "Namespace",
-        "metadata": {"name": "kudos-system", "labels": {"app.kubernetes.io/part-of": "kudos"}},
-    })];
-    for d in serde_yaml::Deserializer::from_slice(&out.stdout) {
-        let v: Value = serde::Deserialize::deserialize(d).context("parse helm template output")?;
-        if !v.is_null() {
-            docs.push(v);
-        }
-    }
-    Ok(docs)
-}
-
 /// `charts/_out/bin/helm`, built by `charts/build-helm`.
 pub fn helm_bin() -> std::path::PathBuf {
     repo_root().join("charts/_out/bin/helm")
-}
-
-/// Installs the chart rendered with `set` (see [`chart_manifests`]), adapted, in order.
-pub async fn install_chart(client: &kube::Client, api_port: u16, set: &[String]) -> Result<()> {
-    for obj in chart_manifests(set)? {
-        apply(client, &adapt(obj, api_port)).await?;
-    }
-    Ok(())
 }
 
 /// Helm against a test cluster, as an operator runs it: `helm install`, `upgrade`, `uninstall`
@@ -317,12 +201,4 @@ impl Helm {
             .map(String::from),
         )
     }
-}
-
-/// Applies every shipped manifest, adapted, in order.
-pub async fn install(client: &kube::Client, api_port: u16) -> Result<()> {
-    for obj in shipped_manifests()? {
-        apply(client, &adapt(obj, api_port)).await?;
-    }
-    Ok(())
 }
