@@ -6,6 +6,7 @@
 //! selector and label key the rollout writes with (one definition, `kudos-rollout`), and no
 //! kubectl image to mirror for air-gapped clusters or to keep within version skew.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ListParams};
 use kudos_rollout::handover::label_nodes;
 use kudos_rollout::render::OWNED_SELECTOR;
+use kudos_rollout::{RolloutMetrics, prune_daemonsets};
 
 /// Flags of `kudos-orchestrator uninstall`.
 #[derive(clap::Args, Debug, Clone)]
@@ -55,28 +57,20 @@ async fn client(args: &UninstallArgs) -> anyhow::Result<kube::Client> {
 }
 
 /// Deletes the plugin DaemonSets (their pods go with them, by the garbage collector) and
-/// waits until they are gone, removes every `kudos.dev/plugin-group` label, and deletes the state ConfigMap
-/// when asked. Safe to run twice.
+/// waits until they are gone, removes every `kudos.dev/plugin-group` label, and deletes the
+/// state ConfigMap when asked. Safe to run twice.
 pub async fn run(client: &kube::Client, args: &UninstallArgs) -> anyhow::Result<Removed> {
-    let mut removed = Removed::default();
+    // The rollout's own pruning, keeping nothing: same selector, 404s tolerated.
+    let daemonsets = prune_daemonsets(
+        client,
+        &args.namespace,
+        &BTreeSet::new(),
+        &RolloutMetrics::default(),
+    )
+    .await
+    .context("deleting the plugin DaemonSets")?;
     let dss: Api<DaemonSet> = Api::namespaced(client.clone(), &args.namespace);
     let owned = ListParams::default().labels(OWNED_SELECTOR);
-    for ds in dss
-        .list_metadata(&owned)
-        .await
-        .context("listing plugin DaemonSets")?
-    {
-        let Some(name) = ds.metadata.name else {
-            continue;
-        };
-        match dss.delete(&name, &DeleteParams::background()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => continue,
-            Err(e) => return Err(e).with_context(|| format!("deleting DaemonSet {name}")),
-        }
-        tracing::info!(daemonset = %name, namespace = %args.namespace, "plugin DaemonSet deleted");
-        removed.daemonsets.push(name);
-    }
     let deadline = Instant::now() + args.timeout;
     loop {
         let left = dss.list_metadata(&owned).await?.items.len();
@@ -90,11 +84,15 @@ pub async fn run(client: &kube::Client, args: &UninstallArgs) -> anyhow::Result<
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    removed.node_labels = label_nodes(client, &[])
-        .await?
-        .into_iter()
-        .map(|(node, _)| node)
-        .collect();
+    let mut removed = Removed {
+        daemonsets,
+        node_labels: label_nodes(client, &[])
+            .await?
+            .into_iter()
+            .map(|(node, _)| node)
+            .collect(),
+        state: false,
+    };
     if let Some(name) = &args.delete_state_configmap {
         let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &args.namespace);
         match cms.delete(name, &DeleteParams::default()).await {
