@@ -255,7 +255,7 @@ fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     }
 }
 
-fn env_var(name: &str, value: &str) -> EnvVar {
+pub(crate) fn env_var(name: &str, value: &str) -> EnvVar {
     EnvVar {
         name: name.into(),
         value: Some(value.into()),
@@ -325,7 +325,6 @@ pub fn render_group_from(
     let pod = match template {
         Some(t) => crate::template::group_pod(
             t,
-            group,
             image,
             settings,
             labels(&group.name, true),

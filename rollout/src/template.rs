@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{Affinity, LocalObjectReference, PodTemplateSpec
 use kube::Api;
 
 use crate::render::RolloutSettings;
-use kudos_api::{PluginGroup, env};
+use kudos_api::env;
 
 /// Errors reading or using the template DaemonSet.
 #[derive(Debug, thiserror::Error)]
@@ -73,7 +73,6 @@ const IMAGE_ENV: [&str; 2] = [env::VENDOR, env::PLUGIN_CONFIG_DIR];
 /// the group's `labels` and `affinity`, and `settings`' extra env and pull secrets.
 pub fn group_pod(
     template: &PodTemplateSpec,
-    group: &PluginGroup,
     image: &str,
     settings: &RolloutSettings,
     labels: std::collections::BTreeMap<String, String>,
@@ -103,13 +102,8 @@ pub fn group_pod(
         envs.retain(|e| !IMAGE_ENV.contains(&e.name.as_str()));
         for (k, v) in &settings.env {
             envs.retain(|e| &e.name != k);
-            envs.push(k8s_openapi::api::core::v1::EnvVar {
-                name: k.clone(),
-                value: Some(v.clone()),
-                ..Default::default()
-            });
+            envs.push(crate::render::env_var(k, v));
         }
     }
-    tracing::trace!(group = %group.name, "group pod from the template");
     pod
 }
