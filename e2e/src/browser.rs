@@ -27,34 +27,32 @@ fn chromium(dir: &Path) -> Command {
     c
 }
 
+/// Runs one headless Chromium command; its stdout, or an error with its stderr.
+fn run(mut cmd: Command, what: &str) -> Result<Vec<u8>> {
+    let out = cmd.output().with_context(|| format!("run {what}"))?;
+    ensure!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(out.stdout)
+}
+
 /// The DOM of `url` after rendering, and a `width`×`height` screenshot of it, written as
 /// `dir/screenshot.png` and decoded.
 pub fn render(url: &str, dir: &Path, width: u32, height: u32) -> Result<(String, Image)> {
     std::fs::create_dir_all(dir)?;
-    let out = chromium(dir)
-        .arg("--dump-dom")
-        .arg(url)
-        .output()
-        .context("run chromium --dump-dom")?;
-    ensure!(
-        out.status.success(),
-        "chromium --dump-dom {url}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut dump = chromium(dir);
+    dump.arg("--dump-dom").arg(url);
+    let dom =
+        String::from_utf8_lossy(&run(dump, &format!("chromium --dump-dom {url}"))?).into_owned();
     let png = dir.join("screenshot.png");
-    let out = chromium(dir)
-        .arg(format!("--screenshot={}", png.display()))
+    let mut shot = chromium(dir);
+    shot.arg(format!("--screenshot={}", png.display()))
         .arg(format!("--window-size={width},{height}"))
         .arg("--hide-scrollbars")
-        .arg(url)
-        .output()
-        .context("run chromium --screenshot")?;
-    ensure!(
-        out.status.success(),
-        "chromium --screenshot {url}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .arg(url);
+    run(shot, &format!("chromium --screenshot {url}"))?;
     let image = Image::decode(&std::fs::read(&png).with_context(|| png.display().to_string())?)?;
     Ok((dom, image))
 }
