@@ -15,8 +15,7 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The `user.extra` key carrying the node of a node-bound service-account token.
 pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
@@ -120,18 +119,12 @@ impl Authenticator for DenyAll {
 
 // === impl TokenReviewAuthenticator ===
 
-const NEGATIVE_TTL: Duration = Duration::from_secs(10);
-const MAX_CACHE: usize = 10_000;
-
-type Cached = (Result<Identity, AuthError>, Instant);
-
 /// TokenReview against the API server, with a small cache.
 pub struct TokenReviewAuthenticator {
     client: kube::Client,
     audiences: Vec<String>,
     allowed_users: Vec<String>,
-    ttl: Duration,
-    cache: Mutex<HashMap<String, Cached>>,
+    cache: crate::review_cache::ReviewCache<String, Identity, AuthError>,
 }
 
 impl TokenReviewAuthenticator {
@@ -146,8 +139,7 @@ impl TokenReviewAuthenticator {
             client,
             audiences,
             allowed_users,
-            ttl,
-            cache: Mutex::new(HashMap::new()),
+            cache: crate::review_cache::ReviewCache::new(ttl),
         }
     }
 
@@ -187,31 +179,12 @@ impl TokenReviewAuthenticator {
 
 impl Authenticator for TokenReviewAuthenticator {
     fn authenticate<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Identity, AuthError>> {
-        Box::pin(async move {
-            let now = Instant::now();
-            if let Ok(cache) = self.cache.lock()
-                && let Some((r, until)) = cache.get(token)
-                && *until > now
-            {
-                return r.clone();
-            }
-            let r = self.review(token).await;
-            let ttl = match &r {
-                Ok(_) => self.ttl,
-                Err(AuthError::Unavailable(_)) => return r,
-                Err(_) => NEGATIVE_TTL,
-            };
-            if let Ok(mut cache) = self.cache.lock() {
-                if cache.len() >= MAX_CACHE {
-                    cache.retain(|_, (_, until)| *until > now);
-                    if cache.len() >= MAX_CACHE {
-                        cache.clear();
-                    }
-                }
-                cache.insert(token.to_owned(), (r.clone(), now + ttl));
-            }
-            r
-        })
+        Box::pin(
+            self.cache
+                .get_or_review(token.to_owned(), self.review(token), |e| {
+                    matches!(e, AuthError::Unavailable(_))
+                }),
+        )
     }
 }
 

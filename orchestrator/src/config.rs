@@ -83,6 +83,12 @@ pub struct FileConfig {
     /// Caller authentication for the gRPC API.
     #[serde(default)]
     pub auth: AuthConfig,
+    /// HTTPS for the HTTP listener.
+    #[serde(default)]
+    pub tls: TlsConfig,
+    /// Who may call the extender verbs and the read endpoints of the HTTP listener.
+    #[serde(default)]
+    pub access: AccessConfig,
     /// Scheduling policy handed to scheduler-core as is: classes (allowed vendors and models,
     /// minimum device memory, threshold factor), weights, priors.
     #[serde(default)]
@@ -193,6 +199,60 @@ pub struct AuthConfig {
     pub cache_seconds: Option<f64>,
 }
 
+/// HTTPS settings: PEM files, usually a mounted Secret (`tls.crt`, `tls.key`, `ca.crt`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TlsConfig {
+    /// Serving certificate chain; with `keyFile`, the HTTP listener speaks HTTPS only.
+    pub cert_file: Option<PathBuf>,
+    /// Private key of `certFile`.
+    pub key_file: Option<PathBuf>,
+    /// CA bundle that signs client certificates (kube-scheduler's); needed by
+    /// `access.extender: clientCertificate`.
+    #[serde(rename = "clientCAFile")]
+    pub client_ca_file: Option<PathBuf>,
+    /// Seconds between checks of the files for a renewed certificate, default 30.
+    pub reload_interval_seconds: Option<f64>,
+}
+
+/// How a group of HTTP routes is authenticated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ExtenderAccessMode {
+    /// Anyone who reaches the port.
+    Open,
+    /// A client certificate signed by `tls.clientCAFile`.
+    ClientCertificate,
+}
+
+/// How the read endpoints are authenticated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ReadAccessMode {
+    /// Anyone who reaches the port.
+    Open,
+    /// A bearer token that TokenReview accepts, allowed `get` on the path by
+    /// SubjectAccessReview.
+    Kubernetes,
+}
+
+/// Access settings of the HTTP listener. Without them everything is open (and the
+/// orchestrator says so at start); the Helm chart turns both on.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AccessConfig {
+    /// `clientCertificate` (default when `tls.clientCAFile` is set) or `open`.
+    pub extender: Option<ExtenderAccessMode>,
+    /// DNS names a client certificate must carry (one of) to call the extender; empty
+    /// accepts any certificate the client CA signed.
+    #[serde(default)]
+    pub extender_client_names: Vec<String>,
+    /// `kubernetes` or `open` (default).
+    pub read: Option<ReadAccessMode>,
+    /// Seconds an allowing review is cached, default 60.
+    pub cache_seconds: Option<f64>,
+}
+
 impl FileConfig {
     /// Reads and parses a file, checking `apiVersion` and `kind`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -289,6 +349,18 @@ pub struct Settings {
     pub scheduler: SchedulerConfig,
     /// Rollout (derived images, DaemonSets, node monitoring).
     pub rollout: crate::rollout::config::RolloutConfig,
+    /// HTTPS material, if the listener speaks HTTPS.
+    pub tls: Option<crate::tls::TlsFiles>,
+    /// Seconds between TLS file checks.
+    pub tls_reload_interval: Duration,
+    /// Extender verbs: client certificate required.
+    pub extender_access: ExtenderAccessMode,
+    /// Allowed client certificate names.
+    pub extender_client_names: Vec<String>,
+    /// Read endpoints.
+    pub read_access: ReadAccessMode,
+    /// Cache lifetime of allowing reviews.
+    pub access_cache: Duration,
 }
 
 fn positive_secs(field: &'static str, v: f64) -> Result<Duration, ConfigError> {
@@ -372,6 +444,7 @@ impl Settings {
             args.rollout,
             args.dry_run_rollout,
         )?;
+        let (tls, extender_access) = tls_and_extender_access(&file.tls, &file.access)?;
         let scheduler = file.scheduler.unwrap_or_default();
         scheduler.validate().map_err(|e| ConfigError::Invalid {
             field: "scheduler",
@@ -431,8 +504,55 @@ impl Settings {
             standalone: args.standalone,
             scheduler,
             rollout,
+            tls,
+            tls_reload_interval: positive_secs(
+                "tls.reloadIntervalSeconds",
+                file.tls.reload_interval_seconds.unwrap_or(30.0),
+            )?,
+            extender_access,
+            extender_client_names: file.access.extender_client_names,
+            read_access: file.access.read.unwrap_or(ReadAccessMode::Open),
+            access_cache: positive_secs(
+                "access.cacheSeconds",
+                file.access.cache_seconds.unwrap_or(60.0),
+            )?,
         })
     }
+}
+
+/// The TLS files and the extender's access mode, checked together: a client certificate
+/// can only be required over HTTPS with a client CA.
+fn tls_and_extender_access(
+    tls: &TlsConfig,
+    access: &AccessConfig,
+) -> Result<(Option<crate::tls::TlsFiles>, ExtenderAccessMode), ConfigError> {
+    let files = match (&tls.cert_file, &tls.key_file) {
+        (Some(cert), Some(key)) => Some(crate::tls::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: tls.client_ca_file.clone(),
+        }),
+        (None, None) if tls.client_ca_file.is_none() => None,
+        _ => {
+            return Err(ConfigError::Invalid {
+                field: "tls",
+                reason: "certFile and keyFile go together (and clientCAFile needs both)".into(),
+            });
+        }
+    };
+    let has_client_ca = files.as_ref().is_some_and(|f| f.client_ca.is_some());
+    let mode = access.extender.unwrap_or(if has_client_ca {
+        ExtenderAccessMode::ClientCertificate
+    } else {
+        ExtenderAccessMode::Open
+    });
+    if mode == ExtenderAccessMode::ClientCertificate && !has_client_ca {
+        return Err(ConfigError::Invalid {
+            field: "access.extender",
+            reason: "clientCertificate needs tls.certFile, tls.keyFile and tls.clientCAFile".into(),
+        });
+    }
+    Ok((files, mode))
 }
 
 /// A count from the file within `range`, or `default` when absent.
@@ -504,6 +624,37 @@ mod tests {
         let text = "apiVersion: kudos.dev/v1alpha1\nkind: OrchestratorConfig\nstore:\n  pth: x\n";
         let err = FileConfig::parse(text).unwrap_err().to_string();
         assert!(err.contains("store") && err.contains("pth"), "{err}");
+    }
+
+    #[test]
+    fn tls_and_access_are_checked_together() {
+        let parse = |yaml: &str| {
+            let cfg = FileConfig::parse(&format!(
+                "apiVersion: kudos.dev/v1alpha1\nkind: OrchestratorConfig\n{yaml}"
+            ))
+            .unwrap();
+            tls_and_extender_access(&cfg.tls, &cfg.access)
+        };
+        let err = parse("tls:\n  certFile: /c\n").unwrap_err().to_string();
+        assert!(err.contains("`tls`") && err.contains("keyFile"), "{err}");
+        let err = parse("access:\n  extender: clientCertificate\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("access.extender") && err.contains("clientCAFile"),
+            "{err}"
+        );
+        let (files, mode) = parse("tls: {certFile: /c, keyFile: /k, clientCAFile: /ca}\n").unwrap();
+        assert_eq!(
+            mode,
+            ExtenderAccessMode::ClientCertificate,
+            "a client CA means mTLS"
+        );
+        assert_eq!(files.unwrap().client_ca.as_deref(), Some(Path::new("/ca")));
+        let (files, mode) = parse("").unwrap();
+        assert!(files.is_none());
+        assert_eq!(mode, ExtenderAccessMode::Open);
+        assert!(FileConfig::parse("apiVersion: kudos.dev/v1alpha1\nkind: OrchestratorConfig\naccess: {read: everyone}\n").is_err());
     }
 
     #[test]

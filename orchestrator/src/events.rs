@@ -135,6 +135,7 @@ mod tests {
     fn note_names_the_first_node_its_evidence_the_next_and_explain() {
         let e = Explained {
             verb: "prioritize",
+            pod_uid: String::new(),
             computed_at: 0.0,
             seed: 1,
             ranking: Ranking {

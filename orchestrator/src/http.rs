@@ -42,6 +42,8 @@ pub struct HttpState {
     pub heavy: Semaphore,
     /// Whether the index answers reads (see [`crate::health`]).
     pub watchdog: Arc<crate::health::IndexWatchdog>,
+    /// Who may call the extender verbs and the read endpoints.
+    pub access: crate::access::AccessPolicy,
 }
 
 impl HttpState {
@@ -55,6 +57,7 @@ impl HttpState {
             watchdog: Arc::new(crate::health::IndexWatchdog::new(
                 crate::health::DEFAULT_STALL_AFTER,
             )),
+            access: crate::access::AccessPolicy::default(),
         }
     }
 }
@@ -317,26 +320,38 @@ async fn get_status(State(s): St) -> Result<Response, AppError> {
     .map_err(|e| AppError::Internal(e.to_string()))
 }
 
-/// Builds the router; testable with `tower::ServiceExt::oneshot`.
+/// Builds the router; testable with `tower::ServiceExt::oneshot`. Three groups of routes,
+/// each behind its own gate (see [`crate::access`]): the extender verbs, the read endpoints,
+/// and the probes, which stay open.
 pub fn router(state: Arc<HttpState>, limits: &HttpLimits) -> Router {
+    use axum::middleware::from_fn_with_state;
     let p = &limits.prefix;
-    let fast = Router::new()
+    let timeout = |d| TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, d);
+    let extender = Router::new()
         .route(&format!("{p}/filter"), post(filter))
         .route(&format!("{p}/prioritize"), post(prioritize))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+        .layer(timeout(limits.timeout))
+        .merge(
+            Router::new()
+                .route(&format!("{p}/bind"), post(bind))
+                .layer(timeout(limits.bind_timeout)),
+        )
+        .route_layer(from_fn_with_state(
+            state.clone(),
+            crate::access::extender_gate,
+        ));
+    let read = Router::new()
         .route("/metrics", get(metrics))
         .route("/explain/{namespace}/{pod}", get(explain))
         .route("/state", get(get_state))
         .route("/status", get(get_status))
-        .layer(TimeoutLayer::with_status_code(
-            StatusCode::SERVICE_UNAVAILABLE,
-            limits.timeout,
-        ));
-    let slow = Router::new().route(&format!("{p}/bind"), post(bind)).layer(
-        TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, limits.bind_timeout),
-    );
-    fast.merge(slow).with_state(state).layer(
+        .layer(timeout(limits.timeout))
+        .route_layer(from_fn_with_state(state.clone(), crate::access::read_gate));
+    let probes = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .layer(timeout(limits.timeout));
+    extender.merge(read).merge(probes).with_state(state).layer(
         ServiceBuilder::new()
             .layer(TraceLayer::new_for_http())
             .layer(DefaultBodyLimit::max(limits.max_body_bytes))
@@ -353,19 +368,21 @@ pub struct ConnLimits {
     pub header_read_timeout: Duration,
 }
 
-/// Serves `app` on `listener` (HTTP/1.1, keep-alive) until `shutdown` resolves, then lets
-/// open connections finish their current request. Connections beyond the cap are closed at
-/// once and counted; a client that does not send its headers in time is disconnected.
+/// Serves `app` on `listener` (HTTP/1.1, keep-alive; HTTPS when `tls` is given) until
+/// `shutdown` resolves, then lets open connections finish their current request. Connections
+/// beyond the cap are closed at once and counted; a client that does not finish the TLS
+/// handshake or send its headers in time is disconnected. Each request carries the
+/// connection's verified client certificate ([`crate::tls::PeerCertificate`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
     limits: ConnLimits,
+    tls: Option<Arc<crate::tls::TlsServer>>,
     metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::rt::{TokioExecutor, TokioTimer};
     use hyper_util::server::conn::auto::Builder;
-    use hyper_util::service::TowerToHyperService;
 
     let conns = Arc::new(Semaphore::new(limits.max_connections));
     let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
@@ -397,24 +414,33 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone());
-        let builder = builder.clone();
-        let mut drain = drain_rx.clone();
+        let conn = Connection {
+            app: app.clone(),
+            builder: builder.clone(),
+            drain: drain_rx.clone(),
+            peer,
+        };
+        let acceptor = tls.as_ref().map(|t| t.acceptor());
+        let handshake_timeout = limits.header_read_timeout;
         tokio::spawn(async move {
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            let mut draining = false;
-            loop {
-                tokio::select! {
-                    r = conn.as_mut() => {
-                        if let Err(e) = r {
-                            tracing::debug!(%peer, error = %e, "connection ended with an error");
+            match acceptor {
+                None => {
+                    conn.run(stream, crate::tls::PeerCertificate::default())
+                        .await
+                }
+                Some(acceptor) => {
+                    match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => {
+                            let cert = tls
+                                .get_ref()
+                                .1
+                                .peer_certificates()
+                                .and_then(|c| c.first())
+                                .map(|c| Arc::new(c.clone().into_owned()));
+                            conn.run(tls, crate::tls::PeerCertificate(cert)).await;
                         }
-                        break;
-                    }
-                    _ = drain.wait_for(|d| *d), if !draining => {
-                        draining = true;
-                        conn.as_mut().graceful_shutdown();
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                     }
                 }
             }
@@ -425,4 +451,47 @@ pub async fn serve(
     // Every connection holds a permit until it ends: having them all back means drained.
     let _ = conns.acquire_many(limits.max_connections as u32).await;
     Ok(())
+}
+
+/// One accepted connection, served until it ends or the server drains.
+struct Connection {
+    app: Router,
+    builder: Arc<hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor>>,
+    drain: tokio::sync::watch::Receiver<bool>,
+    peer: std::net::SocketAddr,
+}
+
+impl Connection {
+    async fn run<I>(mut self, io: I, cert: crate::tls::PeerCertificate)
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        use hyper_util::rt::TokioIo;
+        use hyper_util::service::TowerToHyperService;
+        let service = tower::ServiceBuilder::new()
+            .map_request(move |mut req: axum::http::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(cert.clone());
+                req
+            })
+            .service(self.app);
+        let service = TowerToHyperService::new(service);
+        let conn = self.builder.serve_connection(TokioIo::new(io), service);
+        tokio::pin!(conn);
+        let peer = self.peer;
+        let mut draining = false;
+        loop {
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    }
+                    break;
+                }
+                _ = self.drain.wait_for(|d| *d), if !draining => {
+                    draining = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+        }
+    }
 }

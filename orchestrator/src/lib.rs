@@ -18,6 +18,7 @@
 //! reports; bind only records. Start reading at [`run`].
 #![forbid(unsafe_code)]
 
+pub mod access;
 pub mod auth;
 pub mod config;
 pub mod events;
@@ -35,11 +36,13 @@ pub mod learn;
 pub mod limits;
 pub mod metrics;
 pub mod quantity;
+mod review_cache;
 pub mod rollout;
 pub mod state;
 pub mod status;
 pub mod store;
 pub mod store_k8s;
+pub mod tls;
 pub mod uninstall;
 pub mod watch;
 
@@ -300,6 +303,57 @@ async fn snapshot(index: &index::SharedIndex, store: &dyn store::Store, saved: &
     }
 }
 
+/// The HTTP listener's TLS server (its reload task started) and access policy, from the
+/// settings; says loudly what is left open.
+fn http_security(
+    s: &Settings,
+    client: Option<&kube::Client>,
+) -> anyhow::Result<(Option<Arc<tls::TlsServer>>, access::AccessPolicy)> {
+    let tls = match &s.tls {
+        Some(files) => {
+            let server = Arc::new(
+                tls::TlsServer::load(files.clone()).context("loading the HTTPS certificate")?,
+            );
+            tokio::spawn(
+                server
+                    .clone()
+                    .watch(s.tls_reload_interval)
+                    .instrument(tracing::info_span!("tls_reload")),
+            );
+            Some(server)
+        }
+        None => None,
+    };
+    let extender = match s.extender_access {
+        config::ExtenderAccessMode::ClientCertificate => {
+            access::ExtenderAccess::ClientCertificate {
+                names: s.extender_client_names.clone(),
+            }
+        }
+        config::ExtenderAccessMode::Open => {
+            tracing::warn!(
+                "extender verbs (bind included) are open to anyone who reaches the HTTP port; set tls.clientCAFile to require kube-scheduler's client certificate"
+            );
+            access::ExtenderAccess::Open
+        }
+    };
+    let read = match (s.read_access, client) {
+        (config::ReadAccessMode::Kubernetes, Some(c)) => access::ReadAccess::Kubernetes(Arc::new(
+            access::KubeReadAuthorizer::new(c.clone(), s.access_cache),
+        )),
+        (config::ReadAccessMode::Kubernetes, None) => anyhow::bail!(
+            "access.read: kubernetes needs an API server for TokenReview and SubjectAccessReview, and this orchestrator runs standalone"
+        ),
+        (config::ReadAccessMode::Open, _) => {
+            tracing::warn!(
+                "/state, /explain, /status and /metrics are open to anyone who reaches the HTTP port; set access.read: kubernetes"
+            );
+            access::ReadAccess::Open
+        }
+    };
+    Ok((tls, access::AccessPolicy { extender, read }))
+}
+
 /// Runs until SIGTERM/SIGINT, then drains.
 pub async fn run(s: Settings) -> anyhow::Result<()> {
     // kube's rustls needs a process-wide provider; ring is the one this workspace builds.
@@ -348,8 +402,10 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         last_filter: Default::default(),
         events: client.clone().map(events::PodEvents::spawn),
     };
+    let (tls, access) = http_security(&s, client.as_ref())?;
     let http_state = Arc::new(http::HttpState {
         watchdog,
+        access,
         ..http::HttpState::new(extender, index.clone(), metrics.clone())
     });
     let limits = http::HttpLimits {
@@ -363,7 +419,7 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
     let http_listener = tokio::net::TcpListener::bind(s.http_listen)
         .await
         .with_context(|| format!("binding HTTP {}", s.http_listen))?;
-    tracing::info!(addr = %http_listener.local_addr()?, prefix = %s.extender_prefix, "HTTP listening");
+    tracing::info!(addr = %http_listener.local_addr()?, prefix = %s.extender_prefix, https = tls.is_some(), "HTTP listening");
     let mut rx = drain_rx.clone();
     let conn_limits = http::ConnLimits {
         max_connections: s.max_connections,
@@ -374,6 +430,7 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
             http_listener,
             app,
             conn_limits,
+            tls,
             metrics.clone(),
             async move {
                 let _ = rx.wait_for(|d| *d).await;

@@ -33,6 +33,18 @@ pub struct ReasonLabels {
 /// The reasons of `run_report_rejections_total` (see `grpc::check_run_report`).
 pub const REJECTION_REASONS: [&str; 3] = ["name_too_long", "too_many_devices", "implausible_time"];
 
+/// The reasons of `extender_bind_refused_total` (see `extender::BindRefusal`).
+pub const BIND_REFUSAL_REASONS: [&str; 3] = ["notRanked", "stale", "nodeDidNotPass"];
+/// The reasons of `http_requests_refused_total` (see `access::Refusal`).
+pub const ACCESS_REFUSAL_REASONS: [&str; 6] = [
+    "noClientCertificate",
+    "clientNotAllowed",
+    "noToken",
+    "tokenRefused",
+    "forbidden",
+    "unavailable",
+];
+
 /// All metrics of the process.
 pub struct Metrics {
     registry: Registry,
@@ -57,6 +69,10 @@ pub struct Metrics {
     pub rollout: kudos_rollout::RolloutMetrics,
     /// Node monitoring gauges per configured node (`kudos_orchestrator_node_*`).
     pub monitor: kudos_rollout::MonitorMetrics,
+    /// Extender binds refused because Kudos did not place the pod there, by reason.
+    pub bind_refused: Family<ReasonLabels, Counter>,
+    /// HTTP requests refused by authentication or authorization, by reason.
+    pub access_refused: Family<ReasonLabels, Counter>,
     /// Run reports refused by a bound, by reason.
     pub report_rejections: Family<ReasonLabels, Counter>,
     /// HTTP connections closed at accept because the connection cap was reached.
@@ -146,6 +162,24 @@ impl Metrics {
             "Run reports refused by a bound (implausible times, oversized names), by reason",
             report_rejections.clone(),
         );
+        let bind_refused = Family::<ReasonLabels, Counter>::default();
+        for reason in BIND_REFUSAL_REASONS {
+            let _ = bind_refused.get_or_create(&ReasonLabels { reason });
+        }
+        registry.register(
+            "extender_bind_refused",
+            "Extender binds refused because Kudos did not just rank the pod onto that node, by reason",
+            bind_refused.clone(),
+        );
+        let access_refused = Family::<ReasonLabels, Counter>::default();
+        for reason in ACCESS_REFUSAL_REASONS {
+            let _ = access_refused.get_or_create(&ReasonLabels { reason });
+        }
+        registry.register(
+            "http_requests_refused",
+            "HTTP requests refused by authentication (client certificate, bearer token) or authorization, by reason",
+            access_refused.clone(),
+        );
         let http_connections_refused = Counter::default();
         registry.register(
             "http_connections_refused",
@@ -184,6 +218,8 @@ impl Metrics {
         );
         Self {
             registry,
+            bind_refused,
+            access_refused,
             report_rejections,
             http_connections_refused,
             heavy_requests_refused,

@@ -58,8 +58,12 @@ fn matches(expected: &Value, actual: &Value, path: &str) -> Result<(), String> {
 }
 
 async fn check_golden(verb: &str, case: &str) -> Value {
+    check_golden_on(&mk_app(standard_index()), verb, case).await
+}
+
+async fn check_golden_on(app: &axum::Router, verb: &str, case: &str) -> Value {
     let req = std::fs::read(golden(&format!("{case}.request.json"))).unwrap();
-    let (status, actual) = post(&mk_app(standard_index()), &format!("/kudos/v1/{verb}"), req).await;
+    let (status, actual) = post(app, &format!("/kudos/v1/{verb}"), req).await;
     assert_eq!(status, StatusCode::OK, "{case}: {actual}");
     let path = golden(&format!("{case}.response.json"));
     if std::env::var_os("KUDOS_UPDATE_GOLDEN").is_some() {
@@ -182,7 +186,16 @@ async fn golden_prioritize() {
 
 #[tokio::test]
 async fn golden_bind() {
-    let v = check_golden("bind", "bind").await;
+    // Kudos binds only pods it ranked, onto a node that passed.
+    let app = mk_app(standard_index());
+    let filter = serde_json::json!({"Pod": pod_json("train-1", Some("resnet50"), 1), "NodeNames": ["gpu-a"]});
+    post(
+        &app,
+        "/kudos/v1/filter",
+        serde_json::to_vec(&filter).unwrap(),
+    )
+    .await;
+    let v = check_golden_on(&app, "bind", "bind").await;
     assert_eq!(v["Error"], "");
     let v = check_golden("bind", "bind_missing").await;
     assert!(!v["Error"].as_str().unwrap().is_empty());
@@ -269,6 +282,15 @@ async fn prioritize_reuses_the_filter_ranking_until_something_changes() {
         "a different node set is ranked again"
     );
     // A bind in between invalidates the reuse.
+    post(&app, "/kudos/v1/filter", args(&["gpu-a", "gpu-b"])).await;
+    let other =
+        serde_json::json!({"Pod": pod_json("other", Some("resnet50"), 1), "NodeNames": ["gpu-a"]});
+    post(
+        &app,
+        "/kudos/v1/filter",
+        serde_json::to_vec(&other).unwrap(),
+    )
+    .await;
     post(&app, "/kudos/v1/filter", args(&["gpu-a", "gpu-b"])).await;
     let bind = serde_json::json!({"PodName": "other", "PodNamespace": "default", "PodUID": "uid-other", "Node": "gpu-a"});
     post(&app, "/kudos/v1/bind", serde_json::to_vec(&bind).unwrap()).await;

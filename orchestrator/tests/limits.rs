@@ -121,7 +121,14 @@ async fn start_server(limits: ConnLimits) -> (std::net::SocketAddr, Arc<Metrics>
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let m = metrics.clone();
-    tokio::spawn(serve(listener, app, limits, m, std::future::pending()));
+    tokio::spawn(serve(
+        listener,
+        app,
+        limits,
+        None,
+        m,
+        std::future::pending(),
+    ));
     (addr, metrics)
 }
 

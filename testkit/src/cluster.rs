@@ -169,66 +169,14 @@ pub fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// CA, a serving certificate for 127.0.0.1/localhost, and a service-account key pair.
+/// CA, a serving certificate for 127.0.0.1/localhost (`server.crt`, `server.key`), and a
+/// service-account key pair.
 fn make_certs(dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir)?;
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=kudos-e2e-ca",
-        ],
-    )?;
-    std::fs::write(
-        dir.join("san.cnf"),
+    let pki = crate::pki::Pki::new_in(dir, "kudos-e2e-ca", 2)?;
+    pki.issue(
+        "server",
         "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,IP:10.0.0.1\n\
          extendedKeyUsage=serverAuth,clientAuth\n",
-    )?;
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=kube-apiserver",
-        ],
-    )?;
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.crt",
-            "-days",
-            "2",
-            "-extfile",
-            "san.cnf",
-        ],
     )?;
     openssl(dir, &["genrsa", "-out", "sa.key", "2048"])?;
     openssl(dir, &["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"])?;

@@ -28,6 +28,7 @@ pub mod kubelet;
 pub mod nodes;
 pub mod orchestrator;
 pub mod paths;
+pub mod pki;
 pub mod proc;
 pub mod promtool;
 pub mod registry;

@@ -39,6 +39,9 @@ use types::{
 };
 
 const MAX_EXPLAINED: usize = 4096;
+/// How long after its ranking a pod may be bound. kube-scheduler binds right after
+/// prioritize; a Permit plugin (coscheduling) may hold a pod for a while first.
+pub const BIND_AFTER_RANKING_SECONDS: f64 = 600.0;
 /// Unknown nodes kept per explained ranking (the count is kept in full).
 const MAX_EXPLAINED_UNKNOWN: usize = 100;
 
@@ -50,6 +53,8 @@ use crate::fasthash::FastSet;
 pub struct Explained {
     /// Which verb computed it.
     pub verb: &'static str,
+    /// UID of the pod ranked (empty when the request carried none); bind checks it.
+    pub pod_uid: String,
     /// Unix seconds.
     pub computed_at: f64,
     /// Exploration seed used.
@@ -133,6 +138,46 @@ pub struct Extender {
     pub last_filter: LastFilter,
     /// One event per ranked pod (with a cluster).
     pub events: Option<Arc<crate::events::PodEvents>>,
+}
+
+/// Why `bind` refused a pod Kudos did not place.
+#[derive(Debug, thiserror::Error)]
+pub enum BindRefusal {
+    /// No ranking of this pod (with this UID) is known.
+    #[error("Kudos has not ranked pod {pod}; it binds only pods it filtered or prioritized")]
+    NotRanked {
+        /// `namespace/name`.
+        pod: String,
+    },
+    /// The ranking is too old.
+    #[error(
+        "Kudos ranked pod {pod} {age:.0} s ago; a bind must follow its ranking within {BIND_AFTER_RANKING_SECONDS} s"
+    )]
+    Stale {
+        /// `namespace/name`.
+        pod: String,
+        /// Seconds since the ranking.
+        age: f64,
+    },
+    /// The node was not among those that passed.
+    #[error("node {node} did not pass Kudos' filter for pod {pod}")]
+    NodeDidNotPass {
+        /// `namespace/name`.
+        pod: String,
+        /// Node asked for.
+        node: String,
+    },
+}
+
+impl BindRefusal {
+    /// Label value of `kudos_extender_bind_refused_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::NotRanked { .. } => "notRanked",
+            Self::Stale { .. } => "stale",
+            Self::NodeDidNotPass { .. } => "nodeDidNotPass",
+        }
+    }
 }
 
 /// The outcome of evaluating one pod against candidate nodes.
@@ -360,6 +405,7 @@ impl Extender {
         }
         let explained = Arc::new(Explained {
             verb,
+            pod_uid: facts.uid.clone(),
             computed_at: now,
             seed,
             ranking,
@@ -551,6 +597,38 @@ impl Extender {
             .collect())
     }
 
+    /// Whether this extender ranked `namespace/name` (same UID) within
+    /// [`BIND_AFTER_RANKING_SECONDS`] and `node` passed. `bind` acts with the orchestrator's
+    /// cluster-wide `pods/binding` grant, so it binds only what Kudos itself just placed: a
+    /// caller cannot use it to put an arbitrary pod on an arbitrary node.
+    fn ranked_here(
+        &self,
+        ns: &str,
+        name: &str,
+        uid: &str,
+        node: &str,
+        now: f64,
+    ) -> Result<(), BindRefusal> {
+        let pod = || format!("{ns}/{name}");
+        let Some(e) = self.explain.get(ns, name) else {
+            return Err(BindRefusal::NotRanked { pod: pod() });
+        };
+        if !uid.is_empty() && !e.pod_uid.is_empty() && e.pod_uid != uid {
+            return Err(BindRefusal::NotRanked { pod: pod() });
+        }
+        let age = now - e.computed_at;
+        if age > BIND_AFTER_RANKING_SECONDS {
+            return Err(BindRefusal::Stale { pod: pod(), age });
+        }
+        if !e.ranking.entries.iter().any(|x| x.node == node) {
+            return Err(BindRefusal::NodeDidNotPass {
+                pod: pod(),
+                node: node.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
     /// `POST <prefix>/bind`.
     pub async fn bind(&self, args: ExtenderBindingArgs) -> ExtenderBindingResult {
         let (Some(ns), Some(name), Some(node)) = (
@@ -563,6 +641,16 @@ impl Extender {
             };
         };
         let uid = args.pod_uid.unwrap_or_default();
+        if let Err(e) = self.ranked_here(&ns, &name, &uid, &node, unix_now()) {
+            self.metrics
+                .bind_refused
+                .get_or_create(&crate::metrics::ReasonLabels { reason: e.reason() })
+                .inc();
+            tracing::warn!(pod = %format!("{ns}/{name}"), node, error = %e, "bind refused");
+            return ExtenderBindingResult {
+                error: e.to_string(),
+            };
+        }
         // A gang member binds only where it holds a slot; the slot is taken before the API
         // call so that concurrent binds of members cannot take the same one.
         let taken = match self.ledger.take_slot(&uid, &node, unix_now()) {
