@@ -54,7 +54,7 @@ orchestrator:
   rollout: {enabled: true, repository: registry.example.com/ml/kudos-derived, credentialsSecret: push-creds}
   scheduling: {threshold_factor: 1.5}
 scheduler: {schedulerName: gpu-scheduler, replicas: 1, image: {tag: v1.35.0}, extender: {ignorable: true}}
-tls: {mode: existingSecret, existingSecret: my-tls}
+tls: {mode: existingSecret, existingSecret: my-tls, existingClientSecret: my-client-tls}
 uninstall: {deleteState: true}
 V
 cat > "$tmp/minimal.yaml" <<'V'
@@ -93,7 +93,17 @@ count "$tmp/devdir.yaml" "terminationMessagePath: /run/termination-log" 2 "devDi
 has $d "image: localhost/kudos/kudos-orchestrator:0.1.0" "default images: registry localhost, tag appVersion"
 has $d "image: registry.k8s.io/kube-scheduler:$KUBE_VERSION" "scheduler image follows the cluster's version"
 has $d "- schedulerName: kudos" "second scheduler profile is 'kudos'"
-has $d "urlPrefix: http://kudos-orchestrator.kudos-system.svc:8888/kudos/v1" "extender URL is the orchestrator Service's HTTP port"
+has $d "urlPrefix: https://kudos-orchestrator.kudos-system.svc:8888/kudos/v1" "extender URL is the orchestrator Service's HTTPS port"
+has $d "enableHTTPS: true" "kube-scheduler calls the extender over HTTPS"
+has $d "certFile: /etc/kudos-scheduler-tls/tls.crt" "kube-scheduler presents its client certificate"
+has $d "  name: kudos-scheduler-client-tls" "client certificate Secret generated"
+has $d "secretName: kudos-scheduler-client-tls" "client certificate mounted into the scheduler"
+has $d "extender: clientCertificate" "orchestrator requires the scheduler's client certificate"
+has $d "read: kubernetes" "orchestrator reads need TokenReview + RBAC"
+has $d "nonResourceURLs: [/state, /status, /metrics, /explain/*]" "ClusterRole kudos-reader for readers"
+has $d "kind: NetworkPolicy" "NetworkPolicy on the orchestrator"
+has $d "scheme: HTTPS" "orchestrator probes over HTTPS"
+has $c "secretName: my-client-tls" "existing client certificate Secret is mounted"
 count $d "--orchestrator-url=http://kudos-orchestrator.kudos-system.svc:8889" 1 "node agent gets the orchestrator gRPC address"
 count $d "--orchestrator-addr=http://kudos-orchestrator.kudos-system.svc:8889" 1 "device plugin gets the orchestrator gRPC address"
 count $d "audience: kudos-orchestrator" 2 "plugin and agent get a token for audience kudos-orchestrator"
@@ -129,7 +139,8 @@ has $c "resourceNames: [push-creds]" "orchestrator reads only the push-credentia
 has $c "secretName: my-tls" "existing TLS Secret is mounted"
 has $c "ignorable: true" "extender ignorable on request"
 has $c "- schedulerName: gpu-scheduler" "custom scheduler name"
-hasnt $m "kudos-scheduler" "scheduler disabled: no kube-scheduler objects"
+hasnt $m "serviceAccountName: kudos-scheduler" "scheduler disabled: no kube-scheduler pods"
+hasnt $m "name: kudos-scheduler-config" "scheduler disabled: no kube-scheduler configuration"
 count $m "kind: DaemonSet" 1 "node agent disabled: only the plugin DaemonSet"
 has $m "kind: Certificate" "cert-manager Certificate"
 hasnt $m "kind: PodDisruptionBudget" "PDB can be switched off"
@@ -151,6 +162,8 @@ bad "/orchestrator/rollout/repository" --set orchestrator.rollout.enabled=true
 bad "/scheduler/schedulerName" --set scheduler.schedulerName=default-scheduler
 bad "/image/pullPolicy" --set image.pullPolicy=Sometimes
 bad "/tls/existingSecret" --set tls.mode=existingSecret
+bad "/tls/existingClientSecret" --set tls.mode=existingSecret --set tls.existingSecret=s
+bad "/orchestrator/access/read" --set orchestrator.access.read=everyone
 bad "/tls/mode" --set tls.mode=acme
 bad "replica" --set orchestrator.replica=1
 bad "/gpuNodes/nodeSelector/kudos.dev~1gpu-node" --set gpuNodes.nodeSelector.kudos\\.dev/gpu-node=true
@@ -172,10 +185,26 @@ esac
 # The orchestrator starts with the configuration file the chart writes (it refuses unknown fields
 # and bad values at start, exit code 2), default and custom values alike.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-config_of() { tpl --show-only templates/orchestrator-config.yaml "$@" | python3 -c 'import sys, yaml; print(yaml.safe_load(sys.stdin)["data"]["config.yaml"])'; }
+config_of() { tpl --show-only templates/orchestrator-config.yaml "$@" | python3 -c 'import sys, yaml; print(yaml.safe_load(sys.stdin)["data"]["config.yaml"])' | sed "s|/etc/kudos-tls/|$tls/|"; }
+# The Secret the chart mounts at /etc/kudos-tls, made like Helm makes it (a CA, a certificate for
+# the Service name and loopback).
+tls=$tmp/kudos-tls; mkdir -p "$tls"
+(
+  cd "$tls"
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 1 -subj /CN=kudos-orchestrator-ca
+  openssl req -newkey rsa:2048 -nodes -keyout tls.key -out tls.csr -subj /CN=kudos-orchestrator.kudos-system.svc
+  printf 'subjectAltName=DNS:kudos-orchestrator.kudos-system.svc,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > san.cnf
+  openssl x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out tls.crt -days 1 -extfile san.cnf
+  # kube-scheduler's client certificate (the chart's Secret kudos-scheduler-client-tls)
+  openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr -subj /CN=kudos-scheduler
+  printf 'subjectAltName=DNS:kudos-scheduler\nextendedKeyUsage=clientAuth\n' > client.cnf
+  openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out client.crt -days 1 -extfile client.cnf
+) >/dev/null 2>&1
+orch_curl() { curl -s --cacert "$tls/ca.crt" "$@"; }
 if [[ -x $bins/kudos-orchestrator ]]; then
   for v in "" "$tmp/custom.yaml"; do
-    config_of ${v:+-f "$v"} > "$tmp/orchestrator.yaml"
+    # standalone has no API server for TokenReview: reads open here (step 7 checks them)
+    config_of ${v:+-f "$v"} | sed 's/^\( *\)read: kubernetes$/\1read: open/' > "$tmp/orchestrator.yaml"
     hp=$(free_port) gp=$(free_port)
     # standalone, file store, rollout printed instead of pushed: no cluster or registry needed
     "$bins/kudos-orchestrator" --config "$tmp/orchestrator.yaml" --standalone --dry-run-rollout \
@@ -184,7 +213,7 @@ if [[ -x $bins/kudos-orchestrator ]]; then
     opid=$!
     ready=0
     for _ in $(seq 1 120); do
-      if curl -sf "http://127.0.0.1:$hp/readyz" >/dev/null 2>&1; then ready=1; break; fi
+      if orch_curl -f "https://127.0.0.1:$hp/readyz" >/dev/null 2>&1; then ready=1; break; fi
       kill -0 "$opid" 2>/dev/null || break
       sleep 0.25
     done
@@ -215,7 +244,8 @@ forbidden() { grep -i "forbidden" "$1" | head -3; }
 run_under_chart_rbac() {
   if ! out=$(apply --for-real "$d" 2>&1); then fail "storing the default rendering:"$'\n'"$out"; return; fi
   if [[ -x $bin/kube-scheduler ]] && sa_kubeconfig kudos-scheduler "$tmp/scheduler.kubeconfig"; then
-    { tpl --show-only templates/scheduler-config.yaml | python3 -c 'import sys, yaml; print(yaml.safe_load(sys.stdin)["data"]["config.yaml"])'
+    { tpl --show-only templates/scheduler-config.yaml | python3 -c 'import sys, yaml; print(yaml.safe_load(sys.stdin)["data"]["config.yaml"])' \
+        | sed -e "s|/etc/kudos-scheduler-tls/tls\.|$tls/client.|" -e "s|/etc/kudos-scheduler-tls/ca\.crt|$tls/ca.crt|"
       printf 'clientConnection:\n  kubeconfig: %s\n' "$tmp/scheduler.kubeconfig"; } > "$tmp/scheduler.yaml"
     "$bin/kube-scheduler" --config="$tmp/scheduler.yaml" --bind-address=127.0.0.1 --secure-port="$(free_port)" \
       --cert-dir="$tmp/scheduler-certs" --authentication-kubeconfig="$tmp/scheduler.kubeconfig" \
@@ -240,12 +270,24 @@ run_under_chart_rbac() {
     opid=$!
     local ready=0
     for _ in $(seq 1 240); do
-      if curl -sf "http://127.0.0.1:$hp/readyz" >/dev/null 2>&1; then ready=1; break; fi
+      if orch_curl -f "https://127.0.0.1:$hp/readyz" >/dev/null 2>&1; then ready=1; break; fi
       kill -0 "$opid" 2>/dev/null || break
       sleep 0.5
     done
     if ((ready)); then pass "orchestrator with the chart's config and RBAC syncs Nodes and Pods and is ready"; else fail "orchestrator under the chart's RBAC not ready:"$'\n'"$(tail -15 "$tmp/orchestrator-rbac.log")"; fi
     if [[ -n $(forbidden "$tmp/orchestrator-rbac.log") ]]; then fail "orchestrator refused by RBAC:"$'\n'"$(forbidden "$tmp/orchestrator-rbac.log")"; else pass "orchestrator logs no refused request"; fi
+    # Reads through the real TokenReview and SubjectAccessReview with the chart's RBAC: the
+    # admin (system:masters) may, kube-scheduler's ServiceAccount may not, no token gets 401;
+    # the extender verbs want a client certificate, not a token.
+    local code sched_token
+    sched_token=$(sed -n 's/.*token: "\(.*\)"}$/\1/p' "$tmp/scheduler.kubeconfig")
+    for want in "200 $token /state admin" "403 $sched_token /state kudos-scheduler" "401 - /state anonymous" "401 $token /kudos/v1/filter admin-token"; do
+      read -r w t path who <<<"$want"
+      local auth=(); [[ $t == - ]] || auth=(-H "Authorization: Bearer $t")
+      local method=GET; [[ $path == /kudos/* ]] && method=POST
+      code=$(orch_curl -o /dev/null -w '%{http_code}' -X "$method" "${auth[@]}" "https://127.0.0.1:$hp$path")
+      if [[ $code == "$w" ]]; then pass "orchestrator answers $method $path as $who with $w"; else fail "orchestrator answers $method $path as $who with $code, want $w"; fi
+    done
     kill "$opid" 2>/dev/null || true; wait "$opid" 2>/dev/null || true; opid=""
   else
     echo "skip  orchestrator under the chart's RBAC: no kudos-orchestrator in $bins"

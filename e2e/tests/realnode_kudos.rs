@@ -17,6 +17,9 @@
 //!   ranks that node first;
 //! - killing the orchestrator pod loses no acknowledged report; deleting a node (the one the
 //!   orchestrator does not run on) prunes it;
+//! - the orchestrator speaks HTTPS only (the chart's self-signed CA): the extender answers only
+//!   kube-scheduler's client certificate (every job above was placed through it), `bind`
+//!   refuses a pod Kudos did not rank, and reads need a token RBAC allows (`kudos-reader`);
 //! - `helm upgrade` mid-run keeps the learned state and disturbs no running job; `helm
 //!   uninstall` leaves no DaemonSet, Deployment or node label behind and keeps the state;
 //! - the host is left exactly as it was.
@@ -27,6 +30,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kudos_e2e::proc::wait_for;
+use kudos_e2e::realnode::access::{self, As};
 use kudos_e2e::realnode::kudos::ORCHESTRATOR_HTTP;
 use kudos_e2e::realnode::scenario::{self, NODE_A, Reaper, class_of, job, model_runs, state};
 use kudos_e2e::realnode::{RealCluster, gpus};
@@ -65,6 +69,51 @@ fn registrations(log: &std::path::Path) -> (Option<f64>, Vec<f64>) {
     (start, regs)
 }
 
+/// Who may call what on the orchestrator as the chart installs it.
+fn check_access() -> Result<()> {
+    let a = access::get()?;
+    let status = |who, method, path: &str, body: Option<&[u8]>| {
+        a.call(who, method, path, body).map(|r| r.status)
+    };
+    assert_eq!(status(As::Anonymous, "GET", "/state", None)?, 401);
+    assert_eq!(
+        status(As::Stranger, "GET", "/state", None)?,
+        403,
+        "no Kudos role"
+    );
+    assert_eq!(status(As::Reader, "GET", "/state", None)?, 200);
+    assert_eq!(status(As::Reader, "GET", "/metrics", None)?, 200);
+    assert_eq!(
+        status(As::Anonymous, "GET", "/healthz", None)?,
+        200,
+        "probes stay open"
+    );
+    let bind = serde_json::to_vec(&serde_json::json!({
+        "PodName": "job-99", "PodNamespace": "default", "PodUID": "x", "Node": NODE_A,
+    }))?;
+    assert_eq!(
+        status(As::Reader, "POST", "/kudos/v1/bind", Some(&bind))?,
+        401,
+        "a token is not kube-scheduler's client certificate"
+    );
+    let r = a.call(As::Scheduler, "POST", "/kudos/v1/bind", Some(&bind))?;
+    let v: serde_json::Value = serde_json::from_slice(&r.body)?;
+    assert!(
+        v["Error"]
+            .as_str()
+            .is_some_and(|e| e.contains("has not ranked")),
+        "bind of a pod Kudos never ranked: {v}"
+    );
+    assert!(
+        !http::request("GET", ORCHESTRATOR_HTTP, "/healthz", None).is_ok_and(|r| r.status == 200),
+        "plain HTTP gets no answer"
+    );
+    eprintln!(
+        "RESULT access: anonymous 401, stranger 403, reader 200, token on bind 401, unranked bind refused, plain HTTP refused"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Result<()> {
     if !require_bins("realnode_kudos", &scenario::required_files()) {
@@ -83,6 +132,7 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
     )
     .await?;
     let helm = &kudos.helm;
+    check_access()?;
     let nodes: Api<Node> = Api::all(client.clone());
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), "kudos-system");
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "kudos-system");
@@ -305,10 +355,11 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
                 p.metadata.uid.as_ref().is_some_and(|u| !old.contains(u))
                     && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
             });
-            (fresh
-                && http::request("GET", ORCHESTRATOR_HTTP, "/readyz", None)
-                    .is_ok_and(|r| r.status == 200))
-            .then_some(())
+            let ready = access::get()
+                .ok()?
+                .call(As::Anonymous, "GET", "/readyz", None)
+                .is_ok_and(|r| r.status == 200);
+            (fresh && ready).then_some(())
         },
     )
     .await?;

@@ -53,7 +53,7 @@ imagePullSecrets:
 
 {{/* Extender URL prefix for kube-scheduler. */}}
 {{- define "kudos.extenderURL" -}}
-{{ printf "http://%s:%v%s" (include "kudos.orchestratorHost" .) .Values.orchestrator.ports.http (trimSuffix "/" .Values.orchestrator.extender.pathPrefix) }}
+{{ printf "%s://%s:%v%s" (ternary "http" "https" (eq .Values.tls.mode "none")) (include "kudos.orchestratorHost" .) .Values.orchestrator.ports.http (trimSuffix "/" .Values.orchestrator.extender.pathPrefix) }}
 {{- end }}
 
 {{/* Short-lived token for the orchestrator only (audience kudos-orchestrator); the orchestrator
@@ -106,6 +106,15 @@ imagePullSecrets:
     path: {{ .Values.nvidia.devDir }}
     type: Directory
 {{- end }}
+{{- end }}
+
+{{/* Secret with kube-scheduler's client certificate (tls.crt, tls.key, ca.crt). */}}
+{{- define "kudos.schedulerClientSecretName" -}}
+{{- if eq .Values.tls.mode "existingSecret" -}}
+{{ required "tls.existingClientSecret is required with tls.mode existingSecret (kube-scheduler's client certificate, DNS name kudos-scheduler)" .Values.tls.existingClientSecret }}
+{{- else -}}
+kudos-scheduler-client-tls
+{{- end -}}
 {{- end }}
 
 {{- define "kudos.tlsSecretName" -}}

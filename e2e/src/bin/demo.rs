@@ -59,10 +59,14 @@ async fn main() -> Result<()> {
         RealCluster::start(&run, gpus::two_gpu_nodes(run.path(), gpus::IMAGES)?).await?;
     println!("Installing Kudos with helm (rollout on, Kudos' own scheduler) ...");
     let kudos = scenario::install(&run, &mut cluster, &adapt).await?;
+    let access = kudos_e2e::realnode::access::get()?;
     println!(
-        "Kudos ready after {:.0?}; its status page: http://{}/status",
+        "Kudos ready after {:.0?}; its status page (HTTPS, a token bound to ClusterRole kudos-reader):\n  curl {} {}/status",
         t0.elapsed(),
-        kudos_e2e::realnode::kudos::ORCHESTRATOR_HTTP
+        access
+            .curl_args(kudos_e2e::realnode::access::As::Reader)
+            .join(" "),
+        access.base()
     );
     println!("Submitting {jobs} jobs, one per free GPU ...");
     let pods: Api<Pod> = Api::namespaced(cluster.cp.client.clone(), "default");

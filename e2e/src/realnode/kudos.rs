@@ -14,6 +14,11 @@ pub const ORCHESTRATOR_GRPC: &str = "127.0.0.1:8889";
 /// The in-cluster Service host name the shipped manifests use.
 const SERVICE_HOST: &str = "kudos-orchestrator.kudos-system.svc";
 
+/// The Service host as URLs name it (`scheme://host`).
+fn service_url() -> String {
+    format!("://{SERVICE_HOST}")
+}
+
 /// The changes this cluster needs, applied to one shipped object; everything else stays:
 /// - ConfigMaps that name the orchestrator's Service (the Kudos scheduler's extender URL) name
 ///   loopback instead;
@@ -25,11 +30,12 @@ const SERVICE_HOST: &str = "kudos-orchestrator.kudos-system.svc";
 pub fn adapt(mut obj: Value, api_port: u16) -> Value {
     let kind = obj["kind"].as_str().unwrap_or_default().to_string();
     if kind == "ConfigMap" {
-        // The Kudos scheduler's extender URL names the orchestrator's Service.
+        // The Kudos scheduler's extender URL names the orchestrator's Service; its TLS
+        // serverName keeps naming it, as the certificate does.
         if let Some(data) = obj["data"].as_object_mut() {
             for v in data.values_mut() {
-                if let Some(s) = v.as_str().filter(|s| s.contains(SERVICE_HOST)) {
-                    *v = json!(s.replace(SERVICE_HOST, "127.0.0.1"));
+                if let Some(s) = v.as_str().filter(|s| s.contains(&service_url())) {
+                    *v = json!(s.replace(&service_url(), "://127.0.0.1"));
                 }
             }
         }
@@ -47,8 +53,8 @@ pub fn adapt(mut obj: Value, api_port: u16) -> Value {
     for c in containers {
         if let Some(args) = c["args"].as_array_mut() {
             for a in args.iter_mut() {
-                if let Some(s) = a.as_str().filter(|s| s.contains(SERVICE_HOST)) {
-                    *a = json!(s.replace(SERVICE_HOST, "127.0.0.1"));
+                if let Some(s) = a.as_str().filter(|s| s.contains(&service_url())) {
+                    *a = json!(s.replace(&service_url(), "://127.0.0.1"));
                 }
                 // Every node shares the host's network here: each binds its own node IP.
                 if kind == "DaemonSet"
@@ -173,14 +179,10 @@ impl Helm {
     }
 
     /// `helm install kudos charts/kudos --namespace kudos-system --create-namespace` with
-    /// `--set` values `set` (TLS off: the adapted extender URL is loopback, not the Service
-    /// name a certificate would carry).
+    /// `--set` values `set`; TLS as the chart defaults it (a self-signed CA, the extender over
+    /// HTTPS with kube-scheduler's client certificate, reads behind TokenReview and RBAC).
     pub fn install(&self, set: &[String]) -> Result<String> {
-        self.release(
-            "install",
-            &["--create-namespace", "--set", "tls.mode=none"],
-            set,
-        )
+        self.release("install", &["--create-namespace"], set)
     }
 
     /// `helm upgrade kudos charts/kudos --reuse-values` with `--set` values `set`.

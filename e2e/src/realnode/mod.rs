@@ -11,6 +11,7 @@
 //! removes what an earlier killed run left (it runs at start), and [`RealCluster::shutdown`]
 //! returns every difference between the host before and after.
 
+pub mod access;
 pub mod gpus;
 pub mod host;
 pub mod kudos;

@@ -4,8 +4,9 @@
 //! fastest on node a's V100s and Y on node b's T4s (`examples/workload`).
 
 use super::RealCluster;
+use super::access::{self, As};
 use super::gpus;
-use super::kudos::{Helm, ORCHESTRATOR_HTTP};
+use super::kudos::Helm;
 use crate::http;
 use crate::paths::RunDir;
 use crate::proc::wait_for;
@@ -66,7 +67,7 @@ pub fn job(i: usize) -> Pod {
 
 /// The orchestrator's `/state`, if it answers.
 pub fn state() -> Option<serde_json::Value> {
-    http::get_json(ORCHESTRATOR_HTTP, "/state").ok()
+    access::get().ok()?.get_json("/state").ok()
 }
 
 /// Runs the orchestrator has learned from.
@@ -81,7 +82,9 @@ pub async fn wait_orchestrator_ready(what: &str) -> Result<()> {
         Duration::from_secs(120),
         Duration::from_millis(250),
         || async {
-            http::request("GET", ORCHESTRATOR_HTTP, "/readyz", None)
+            access::get()
+                .ok()?
+                .call(As::Anonymous, "GET", "/readyz", None)
                 .ok()
                 .filter(|r| r.status == 200)
                 .map(|_| ())
@@ -151,8 +154,9 @@ pub async fn install(
         format!("scheduler.securePort={}", crate::proc::free_port()),
     ])?;
     cluster.start_scheduler(None)?;
-    wait_orchestrator_ready("orchestrator /readyz").await?;
     let client = cluster.cp.client.clone();
+    access::setup(&client, run.path()).await?;
+    wait_orchestrator_ready("orchestrator /readyz").await?;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "kudos-system");
     wait_for(
         "the Kudos scheduler (kudos-scheduler Deployment) ready",
@@ -334,7 +338,10 @@ pub fn on_faster_node(placed: &[(String, String, String)], from: usize) -> (usiz
 /// other): (job, [(node, predicted seconds)]).
 pub fn ranked_both(parity: usize, jobs: usize) -> Option<(usize, Vec<(String, f64)>)> {
     (0..jobs).rev().filter(|i| i % 2 == parity).find_map(|i| {
-        let ex = http::get_json(ORCHESTRATOR_HTTP, &format!("/explain/default/job-{i:02}")).ok()?;
+        let ex = access::get()
+            .ok()?
+            .get_json(&format!("/explain/default/job-{i:02}"))
+            .ok()?;
         let entries: Vec<(String, f64)> = ex["ranking"]["entries"]
             .as_array()?
             .iter()
@@ -364,7 +371,14 @@ pub struct StatusPage {
 
 /// Renders the orchestrator's `/status` in headless Chromium (see [`crate::browser`]).
 pub fn status_page(dir: &Path) -> Result<StatusPage> {
-    let url = format!("http://{ORCHESTRATOR_HTTP}/status");
+    // The page needs a reader's token, which a browser cannot send by itself: fetch it as
+    // `curl` would (what `kubectl port-forward` plus a token gives an operator), then render.
+    std::fs::create_dir_all(dir)?;
+    let page = access::get()?.call(As::Reader, "GET", "/status", None)?;
+    anyhow::ensure!(page.status == 200, "GET /status: {}", page.status);
+    let html = dir.join("status.html");
+    std::fs::write(&html, &page.body)?;
+    let url = format!("file://{}", html.display());
     let (dom, image) = crate::browser::render(&url, dir, 1280, 1400)?;
     let mut cells = BTreeMap::new();
     for td in dom.split("<td data-class=\"").skip(1) {
@@ -392,7 +406,14 @@ pub fn dashboard_metrics_missing() -> Result<Vec<String>> {
     let path = crate::paths::repo_root().join("charts/kudos/dashboards/kudos.json");
     let dashboard: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
     let mut exposed = String::new();
-    for addr in [ORCHESTRATOR_HTTP, "127.0.0.1:9410", "127.0.0.1:9401"] {
+    let orchestrator = access::get()?.call(As::Reader, "GET", "/metrics", None)?;
+    anyhow::ensure!(
+        orchestrator.status == 200,
+        "orchestrator /metrics: {}",
+        orchestrator.status
+    );
+    exposed.push_str(&String::from_utf8_lossy(&orchestrator.body));
+    for addr in ["127.0.0.1:9410", "127.0.0.1:9401"] {
         let r = http::request("GET", addr, "/metrics", None)
             .with_context(|| format!("GET {addr}/metrics"))?;
         exposed.push_str(&String::from_utf8_lossy(&r.body));
