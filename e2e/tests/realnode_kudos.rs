@@ -20,8 +20,11 @@
 //! - the orchestrator speaks HTTPS only (the chart's self-signed CA): the extender answers only
 //!   kube-scheduler's client certificate (every job above was placed through it), `bind`
 //!   refuses a pod Kudos did not rank, and reads need a token RBAC allows (`kudos-reader`);
+//! - the chart's admission webhook gives a GPU pod written for the default scheduler Kudos'
+//!   scheduler (the real API server calling the orchestrator), a CPU pod keeps its own;
 //! - `helm upgrade` mid-run keeps the learned state and disturbs no running job; `helm
-//!   uninstall` leaves no DaemonSet, Deployment or node label behind and keeps the state;
+//!   uninstall` leaves no DaemonSet, Deployment, webhook or node label behind and keeps the
+//!   state;
 //! - the host is left exactly as it was.
 
 use anyhow::{Context, Result};
@@ -67,6 +70,41 @@ fn registrations(log: &std::path::Path) -> (Option<f64>, Vec<f64>) {
         .filter_map(klog_time)
         .collect();
     (start, regs)
+}
+
+/// The chart's admission webhook: a GPU pod written for the default scheduler is given
+/// Kudos' (through the real API server calling the orchestrator over HTTPS); a CPU pod is not.
+/// Server-side dry runs: the webhook runs, nothing is stored or scheduled.
+async fn check_webhook(client: &kube::Client) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let mut decided = Vec::new();
+    for (name, limits) in [
+        ("gpu", serde_json::json!({"kudos.dev/gpu": "1"})),
+        ("cpu", serde_json::json!({"cpu": "1"})),
+    ] {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("webhook-{name}")},
+            "spec": {"containers": [{"name": "c", "image": "localhost/kudos/kudos-workload:0.1.0",
+                                     "resources": {"limits": limits}}]},
+        }))?;
+        let created = pods.create(&dry, &pod).await?;
+        decided.push(
+            created
+                .spec
+                .and_then(|s| s.scheduler_name)
+                .unwrap_or_default(),
+        );
+    }
+    eprintln!(
+        "RESULT webhook: GPU pod -> {:?}, CPU pod -> {:?}",
+        decided[0], decided[1]
+    );
+    assert_eq!(decided, ["kudos", "default-scheduler"]);
+    Ok(())
 }
 
 /// Who may call what on the orchestrator as the chart installs it.
@@ -133,6 +171,7 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
     .await?;
     let helm = &kudos.helm;
     check_access()?;
+    check_webhook(&client).await?;
     let nodes: Api<Node> = Api::all(client.clone());
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), "kudos-system");
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "kudos-system");
@@ -433,6 +472,12 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
             .is_empty(),
         "Deployments left after helm uninstall"
     );
+    let webhooks: Api<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration> =
+        Api::all(client.clone());
+    assert!(
+        webhooks.get_opt("kudos-scheduler-name").await?.is_none(),
+        "the admission webhook is left after helm uninstall"
+    );
     let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
         Api::namespaced(client.clone(), "kudos-system");
     assert!(
@@ -440,7 +485,7 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
         "the learned state is kept"
     );
     eprintln!(
-        "RESULT helm uninstall left no DaemonSet, Deployment or node label after {:?}",
+        "RESULT helm uninstall left no DaemonSet, Deployment, webhook or node label after {:?}",
         t0.elapsed()
     );
     eprintln!("RESULT scenario done after {:?}", t0.elapsed());

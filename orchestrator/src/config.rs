@@ -89,6 +89,9 @@ pub struct FileConfig {
     /// Who may call the extender verbs and the read endpoints of the HTTP listener.
     #[serde(default)]
     pub access: AccessConfig,
+    /// The mutating admission webhook `POST /mutate/pods`.
+    #[serde(default)]
+    pub admission: AdmissionConfig,
     /// Scheduling policy handed to scheduler-core as is: classes (allowed vendors and models,
     /// minimum device memory, threshold factor), weights, priors.
     #[serde(default)]
@@ -197,6 +200,16 @@ pub struct AuthConfig {
     pub allowed_users: Vec<String>,
     /// How long a TokenReview answer is cached, default 60 s.
     pub cache_seconds: Option<f64>,
+}
+
+/// Admission webhook settings.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AdmissionConfig {
+    /// Serve `POST /mutate/pods`, which gives pods that request the unified resource and are
+    /// left to `default-scheduler` this `schedulerName` (Kudos' own scheduler). Unset: no
+    /// webhook route.
+    pub pod_scheduler_name: Option<String>,
 }
 
 /// HTTPS settings: PEM files, usually a mounted Secret (`tls.crt`, `tls.key`, `ca.crt`).
@@ -361,6 +374,8 @@ pub struct Settings {
     pub read_access: ReadAccessMode,
     /// Cache lifetime of allowing reviews.
     pub access_cache: Duration,
+    /// The admission webhook's scheduler name, if it is served.
+    pub pod_scheduler_name: Option<String>,
 }
 
 fn positive_secs(field: &'static str, v: f64) -> Result<Duration, ConfigError> {
@@ -516,8 +531,34 @@ impl Settings {
                 "access.cacheSeconds",
                 file.access.cache_seconds.unwrap_or(60.0),
             )?,
+            pod_scheduler_name: pod_scheduler_name(file.admission.pod_scheduler_name)?,
         })
     }
+}
+
+/// `admission.podSchedulerName`: a DNS subdomain, as `spec.schedulerName` must be.
+fn pod_scheduler_name(name: Option<String>) -> Result<Option<String>, ConfigError> {
+    let Some(name) = name else { return Ok(None) };
+    let valid = !name.is_empty()
+        && name.len() <= limits::MAX_OBJECT_NAME_LEN
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if !valid {
+        return Err(ConfigError::Invalid {
+            field: "admission.podSchedulerName",
+            reason: format!("{name:?} is not a scheduler name (a lowercase DNS subdomain)"),
+        });
+    }
+    if name == crate::admission::DEFAULT_SCHEDULER {
+        return Err(ConfigError::Invalid {
+            field: "admission.podSchedulerName",
+            reason: "must name Kudos' scheduler, not default-scheduler".into(),
+        });
+    }
+    Ok(Some(name))
 }
 
 /// The TLS files and the extender's access mode, checked together: a client certificate

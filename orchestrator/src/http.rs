@@ -44,6 +44,8 @@ pub struct HttpState {
     pub watchdog: Arc<crate::health::IndexWatchdog>,
     /// Who may call the extender verbs and the read endpoints.
     pub access: crate::access::AccessPolicy,
+    /// The scheduler the admission webhook gives GPU pods; `None`: no webhook route.
+    pub pod_scheduler_name: Option<String>,
 }
 
 impl HttpState {
@@ -58,6 +60,7 @@ impl HttpState {
                 crate::health::DEFAULT_STALL_AFTER,
             )),
             access: crate::access::AccessPolicy::default(),
+            pod_scheduler_name: None,
         }
     }
 }
@@ -197,6 +200,42 @@ async fn bind(State(s): St, body: Bytes) -> Result<Response, AppError> {
     let r = s.extender.bind(args).await;
     observe(&s, "bind", start, r.error.is_empty());
     json(&r)
+}
+
+/// The admission webhook (see [`crate::admission`]); registered only when configured.
+async fn mutate_pods(State(s): St, body: Bytes) -> Result<Response, AppError> {
+    let scheduler = s.pod_scheduler_name.as_deref().unwrap_or_default();
+    let counted = |decision| {
+        s.metrics
+            .admission_pods
+            .get_or_create(&crate::metrics::DecisionLabels { decision })
+            .inc();
+    };
+    let review: crate::admission::AdmissionReview =
+        parse(&body).inspect_err(|_| counted("error"))?;
+    match crate::admission::review(&review, &s.extender.unified, scheduler) {
+        Ok((answer, decision)) => {
+            counted(decision.as_str());
+            if decision == crate::admission::Decision::Mutated {
+                let pod = &review.request.as_ref().map(|r| &r.object);
+                tracing::info!(
+                    pod = pod
+                        .and_then(|p| p["metadata"]["name"].as_str())
+                        .unwrap_or(""),
+                    namespace = pod
+                        .and_then(|p| p["metadata"]["namespace"].as_str())
+                        .unwrap_or(""),
+                    scheduler,
+                    "GPU pod given Kudos' scheduler"
+                );
+            }
+            json(&answer)
+        }
+        Err(e) => {
+            counted("error");
+            Err(AppError::BadRequest(e))
+        }
+    }
 }
 
 /// Liveness: fails while the index is stalled, so the kubelet restarts the process.
@@ -347,10 +386,13 @@ pub fn router(state: Arc<HttpState>, limits: &HttpLimits) -> Router {
         .route("/status", get(get_status))
         .layer(timeout(limits.timeout))
         .route_layer(from_fn_with_state(state.clone(), crate::access::read_gate));
-    let probes = Router::new()
+    let mut probes = Router::new()
         .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .layer(timeout(limits.timeout));
+        .route("/readyz", get(readyz));
+    if state.pod_scheduler_name.is_some() {
+        probes = probes.route("/mutate/pods", post(mutate_pods));
+    }
+    let probes = probes.layer(timeout(limits.timeout));
     extender.merge(read).merge(probes).with_state(state).layer(
         ServiceBuilder::new()
             .layer(TraceLayer::new_for_http())

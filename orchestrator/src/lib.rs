@@ -19,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 pub mod access;
+pub mod admission;
 pub mod auth;
 pub mod config;
 pub mod events;
@@ -406,6 +407,7 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
     let http_state = Arc::new(http::HttpState {
         watchdog,
         access,
+        pod_scheduler_name: s.pod_scheduler_name.clone(),
         ..http::HttpState::new(extender, index.clone(), metrics.clone())
     });
     let limits = http::HttpLimits {

@@ -33,6 +33,13 @@ pub struct ReasonLabels {
 /// The reasons of `run_report_rejections_total` (see `grpc::check_run_report`).
 pub const REJECTION_REASONS: [&str; 3] = ["name_too_long", "too_many_devices", "implausible_time"];
 
+/// Label set `{decision}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    /// `mutated`, `unchanged` or `error`.
+    pub decision: &'static str,
+}
+
 /// The reasons of `extender_bind_refused_total` (see `extender::BindRefusal`).
 pub const BIND_REFUSAL_REASONS: [&str; 3] = ["notRanked", "stale", "nodeDidNotPass"];
 /// The reasons of `http_requests_refused_total` (see `access::Refusal`).
@@ -71,6 +78,8 @@ pub struct Metrics {
     pub monitor: kudos_rollout::MonitorMetrics,
     /// Extender binds refused because Kudos did not place the pod there, by reason.
     pub bind_refused: Family<ReasonLabels, Counter>,
+    /// Pods the admission webhook saw, by decision.
+    pub admission_pods: Family<DecisionLabels, Counter>,
     /// HTTP requests refused by authentication or authorization, by reason.
     pub access_refused: Family<ReasonLabels, Counter>,
     /// Run reports refused by a bound, by reason.
@@ -171,6 +180,15 @@ impl Metrics {
             "Extender binds refused because Kudos did not just rank the pod onto that node, by reason",
             bind_refused.clone(),
         );
+        let admission_pods = Family::<DecisionLabels, Counter>::default();
+        for decision in ["mutated", "unchanged", "error"] {
+            let _ = admission_pods.get_or_create(&DecisionLabels { decision });
+        }
+        registry.register(
+            "admission_pods",
+            "Pods the admission webhook saw: mutated (schedulerName set to Kudos'), unchanged, error",
+            admission_pods.clone(),
+        );
         let access_refused = Family::<ReasonLabels, Counter>::default();
         for reason in ACCESS_REFUSAL_REASONS {
             let _ = access_refused.get_or_create(&ReasonLabels { reason });
@@ -219,6 +237,7 @@ impl Metrics {
         Self {
             registry,
             bind_refused,
+            admission_pods,
             access_refused,
             report_rejections,
             http_connections_refused,

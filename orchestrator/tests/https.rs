@@ -409,3 +409,47 @@ async fn read_endpoints_want_an_allowed_token_and_probes_do_not() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn the_admission_webhook_gives_gpu_pods_kudos_scheduler_only_when_configured() {
+    use tower::ServiceExt;
+    let review = serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "r-1", "object": pod_json("p", Some("resnet50"), 1)},
+    });
+    let call = |app: axum::Router| {
+        let body = serde_json::to_vec(&review).unwrap();
+        async move {
+            let req = axum::http::Request::post("/mutate/pods")
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from(body))
+                .unwrap();
+            app.oneshot(req).await.unwrap()
+        }
+    };
+    let off = router(mk_state(standard_index()), &limits());
+    assert_eq!(call(off).await.status(), StatusCode::NOT_FOUND);
+    let plain = mk_state(standard_index());
+    let metrics = plain.metrics.clone();
+    let state = HttpState {
+        pod_scheduler_name: Some("kudos".into()),
+        ..HttpState::new(
+            mk_extender(plain.index.clone(), metrics.clone()),
+            plain.index.clone(),
+            metrics.clone(),
+        )
+    };
+    let resp = call(router(Arc::new(state), &limits())).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(v["response"]["uid"], "r-1");
+    assert_eq!(v["response"]["patchType"], "JSONPatch", "{v}");
+    let text = metrics.encode().unwrap();
+    assert!(
+        text.contains("kudos_orchestrator_admission_pods_total{decision=\"mutated\"} 1"),
+        "{text}"
+    );
+}

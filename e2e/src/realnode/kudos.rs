@@ -41,6 +41,23 @@ pub fn adapt(mut obj: Value, api_port: u16) -> Value {
         }
         return obj;
     }
+    if kind == "MutatingWebhookConfiguration" {
+        // The API server reaches the orchestrator on loopback (its certificate names
+        // 127.0.0.1 through tls.ipAddresses), not through the Service.
+        for w in obj["webhooks"].as_array_mut().into_iter().flatten() {
+            let cc = &mut w["clientConfig"];
+            let path = cc["service"]["path"].as_str().unwrap_or("/").to_string();
+            let port = cc["service"]["port"].as_u64().unwrap_or(443);
+            if let Some(m) = cc.as_object_mut() {
+                m.remove("service");
+                m.insert(
+                    "url".into(),
+                    json!(format!("https://127.0.0.1:{port}{path}")),
+                );
+            }
+        }
+        return obj;
+    }
     if !matches!(kind.as_str(), "Deployment" | "DaemonSet" | "Job") {
         return obj;
     }
@@ -181,8 +198,13 @@ impl Helm {
     /// `helm install kudos charts/kudos --namespace kudos-system --create-namespace` with
     /// `--set` values `set`; TLS as the chart defaults it (a self-signed CA, the extender over
     /// HTTPS with kube-scheduler's client certificate, reads behind TokenReview and RBAC).
+    /// The serving certificate also names 127.0.0.1, where the API server calls the webhook.
     pub fn install(&self, set: &[String]) -> Result<String> {
-        self.release("install", &["--create-namespace"], set)
+        self.release(
+            "install",
+            &["--create-namespace", "--set", "tls.ipAddresses={127.0.0.1}"],
+            set,
+        )
     }
 
     /// `helm upgrade kudos charts/kudos --reuse-values` with `--set` values `set`.
