@@ -27,6 +27,7 @@
 //!   state;
 //! - the host is left exactly as it was.
 
+use ::http as http_req;
 use anyhow::{Context, Result};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -105,6 +106,20 @@ async fn check_webhook(client: &kube::Client) -> Result<()> {
     );
     assert_eq!(decided, ["kudos", "default-scheduler"]);
     Ok(())
+}
+
+/// The rows `kubectl get <plural>` prints (a meta.k8s.io Table from the API server).
+async fn kubectl_get(client: &kube::Client, plural: &str) -> Result<Vec<Vec<serde_json::Value>>> {
+    let req = http_req::Request::get(format!("/apis/kudos.dev/v1alpha1/{plural}"))
+        .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+        .body(Vec::new())?;
+    let t: serde_json::Value = serde_json::from_str(&client.request_text(req).await?)?;
+    Ok(t["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["cells"].as_array().cloned())
+        .collect())
 }
 
 /// Who may call what on the orchestrator as the chart installs it.
@@ -326,6 +341,27 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
         "dashboard queries metrics nobody exposes: {missing:?}"
     );
 
+    // `kubectl get kudosclasses`: each class's fastest model is its node's.
+    let classes = wait_for(
+        "kubectl get kudosclasses shows X fastest on V100 and Y on T4",
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+        async || {
+            let rows = kubectl_get(&client, "kudosclasses").await.ok()?;
+            let fastest = |class: &str| {
+                rows.iter()
+                    .find(|r| r[1] == class)
+                    .and_then(|r| r[3].as_str().map(str::to_owned))
+            };
+            (fastest("X")? == gpus::MODEL_A && fastest("Y")? == gpus::MODEL_B).then_some(rows)
+        },
+    )
+    .await?;
+    eprintln!("RESULT kubectl get kudosclasses: {classes:?}");
+    let nodes_table = kubectl_get(&client, "kudosnodes").await?;
+    eprintln!("RESULT kubectl get kudosnodes: {nodes_table:?}");
+    assert_eq!(nodes_table.len(), 2, "{nodes_table:?}");
+
     // The status page in headless Chromium: the learned heatmap shows each class faster on
     // its node's model, and the screenshot has the heatmap's green.
     let page = scenario::status_page(&run.join("status-page"))?;
@@ -478,6 +514,20 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
         webhooks.get_opt("kudos-scheduler-name").await?.is_none(),
         "the admission webhook is left after helm uninstall"
     );
+    let crds: Api<
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    > = Api::all(client.clone());
+    for crd in ["kudosnodes.kudos.dev", "kudosclasses.kudos.dev"] {
+        // CRD deletion finishes after its objects are removed: wait for it.
+        let gone = wait_for(
+            "the chart's CRDs deleted",
+            Duration::from_secs(60),
+            Duration::from_millis(500),
+            async || crds.get_opt(crd).await.ok()?.is_none().then_some(()),
+        )
+        .await;
+        assert!(gone.is_ok(), "CRD {crd} left after helm uninstall");
+    }
     let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
         Api::namespaced(client.clone(), "kudos-system");
     assert!(
@@ -485,7 +535,7 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
         "the learned state is kept"
     );
     eprintln!(
-        "RESULT helm uninstall left no DaemonSet, Deployment, webhook or node label after {:?}",
+        "RESULT helm uninstall left no DaemonSet, Deployment, webhook, CRD or node label after {:?}",
         t0.elapsed()
     );
     eprintln!("RESULT scenario done after {:?}", t0.elapsed());

@@ -92,6 +92,9 @@ pub struct FileConfig {
     /// The mutating admission webhook `POST /mutate/pods`.
     #[serde(default)]
     pub admission: AdmissionConfig,
+    /// `KudosNode` and `KudosClass` objects for `kubectl get` (see [`crate::publish`]).
+    #[serde(default)]
+    pub publish: PublishConfig,
     /// Scheduling policy handed to scheduler-core as is: classes (allowed vendors and models,
     /// minimum device memory, threshold factor), weights, priors.
     #[serde(default)]
@@ -200,6 +203,18 @@ pub struct AuthConfig {
     pub allowed_users: Vec<String>,
     /// How long a TokenReview answer is cached, default 60 s.
     pub cache_seconds: Option<f64>,
+}
+
+/// Settings of the `kubectl get` objects.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PublishConfig {
+    /// Write `KudosNode` and `KudosClass` objects (the chart's CRDs must be installed).
+    /// Default false; ignored in standalone mode.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Seconds between passes, default 15.
+    pub interval_seconds: Option<f64>,
 }
 
 /// Admission webhook settings.
@@ -376,6 +391,8 @@ pub struct Settings {
     pub access_cache: Duration,
     /// The admission webhook's scheduler name, if it is served.
     pub pod_scheduler_name: Option<String>,
+    /// Period of the `kubectl get` objects, if they are written.
+    pub publish_interval: Option<Duration>,
 }
 
 fn positive_secs(field: &'static str, v: f64) -> Result<Duration, ConfigError> {
@@ -532,6 +549,13 @@ impl Settings {
                 file.access.cache_seconds.unwrap_or(60.0),
             )?,
             pod_scheduler_name: pod_scheduler_name(file.admission.pod_scheduler_name)?,
+            publish_interval: match file.publish.enabled {
+                true => Some(positive_secs(
+                    "publish.intervalSeconds",
+                    file.publish.interval_seconds.unwrap_or(15.0),
+                )?),
+                false => None,
+            },
         })
     }
 }

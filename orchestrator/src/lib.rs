@@ -36,6 +36,7 @@ pub mod kobj;
 pub mod learn;
 pub mod limits;
 pub mod metrics;
+pub mod publish;
 pub mod quantity;
 mod review_cache;
 pub mod rollout;
@@ -388,6 +389,13 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         );
     }
     let (drain_tx, drain_rx) = tokio_watch::channel(false);
+    if let (Some(c), Some(every)) = (&client, s.publish_interval) {
+        tokio::spawn(
+            publish::Publisher::new(c.clone(), index.clone())
+                .run(every)
+                .instrument(tracing::info_span!("publish")),
+        );
+    }
 
     let binder: Arc<dyn extender::bind::Binder> = match &client {
         Some(c) => Arc::new(extender::bind::KubeBinder::new(c.clone())),

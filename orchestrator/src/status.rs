@@ -65,6 +65,72 @@ fn shade(seconds: f64, fastest: f64, log_sd: f64) -> String {
     format!("hsl({hue:.0},70%,{light:.0}%)")
 }
 
+/// Nodes by GPU model.
+fn models_of(v: &StateView) -> BTreeMap<&str, Vec<(&str, &DeviceProfile)>> {
+    let mut models: BTreeMap<&str, Vec<(&str, &DeviceProfile)>> = BTreeMap::new();
+    for n in &v.nodes {
+        models
+            .entry(n.profile.model.as_str())
+            .or_default()
+            .push((n.name.as_str(), &n.profile));
+    }
+    models
+}
+
+/// What Kudos learned of one class: its predicted seconds per unit of work on each GPU model
+/// of the cluster, and how many runs it learned from.
+pub struct ClassSpeeds {
+    /// The class.
+    pub class: String,
+    /// Runs of the class on any node.
+    pub runs: u64,
+    /// (GPU model, prediction for one unit of work), in model order.
+    pub cells: Vec<(String, kudos_scheduler_core::Prediction)>,
+}
+
+/// The learned speeds of the first `max_classes` classes on the first `max_models` GPU models.
+/// Predictions are per device profile unless a node has its own history: each model is
+/// represented by its node with the most runs of the class.
+pub fn learned_speeds(
+    v: &StateView,
+    model: &Scheduler,
+    max_classes: usize,
+    max_models: usize,
+) -> Vec<ClassSpeeds> {
+    let models = models_of(v);
+    let state = model.state();
+    state
+        .classes()
+        .take(max_classes)
+        .map(|class| {
+            let cells = models
+                .iter()
+                .take(max_models)
+                .filter_map(|(m, nodes)| {
+                    let (node, profile) = nodes
+                        .iter()
+                        .max_by_key(|(node, _)| state.node_runs(class, node))
+                        .copied()?;
+                    Some((
+                        (*m).to_owned(),
+                        model.predict(class, node, profile, Some(1.0)),
+                    ))
+                })
+                .collect();
+            let runs = v
+                .nodes
+                .iter()
+                .map(|n| u64::from(state.node_runs(class, &n.name)))
+                .sum();
+            ClassSpeeds {
+                class: class.to_owned(),
+                runs,
+                cells,
+            }
+        })
+        .collect()
+}
+
 /// The page.
 pub fn render(inp: &StatusInputs<'_>) -> String {
     let v = inp.view;
@@ -132,47 +198,25 @@ pub fn render(inp: &StatusInputs<'_>) -> String {
     }
     h.push_str("</table>");
 
-    // The learned heatmap: one representative node per model (predictions are per profile
-    // unless a node has its own history; the node with the most runs of the class wins).
-    let mut models: BTreeMap<&str, Vec<(&str, &DeviceProfile)>> = BTreeMap::new();
-    for n in &v.nodes {
-        models
-            .entry(n.profile.model.as_str())
-            .or_default()
-            .push((n.name.as_str(), &n.profile));
-    }
-    let classes: Vec<&str> = inp.model.state().classes().collect();
+    let learned = learned_speeds(v, inp.model, MAX_CLASSES, MAX_MODELS);
+    let class_count = inp.model.state().classes().count();
     h.push_str(
         "<h2>Learned speed</h2><p>Predicted seconds per unit of work (<code>kudos.dev/work</code>) \
          of each class on each GPU model; green is the class's fastest, red ten times slower or \
          more, pale is uncertain (what the prediction rests on is under the number).</p>\
          <table class=hm id=heatmap><tr><th>class</th>",
     );
-    for m in models.keys().take(MAX_MODELS) {
+    for m in models_of(v).keys().take(MAX_MODELS) {
         let _ = write!(h, "<th>{}</th>", esc(m));
     }
     h.push_str("</tr>");
-    for class in classes.iter().take(MAX_CLASSES) {
-        let cells: Vec<(&str, kudos_scheduler_core::Prediction)> = models
-            .iter()
-            .take(MAX_MODELS)
-            .map(|(model, nodes)| {
-                let best = nodes
-                    .iter()
-                    .max_by_key(|(node, _)| inp.model.state().node_runs(class, node))
-                    .copied();
-                let p =
-                    best.map(|(node, profile)| inp.model.predict(class, node, profile, Some(1.0)));
-                (*model, p)
-            })
-            .filter_map(|(m, p)| Some((m, p?)))
-            .collect();
+    for ClassSpeeds { class, cells, .. } in &learned {
         let fastest = cells
             .iter()
             .map(|(_, p)| p.seconds)
             .fold(f64::INFINITY, f64::min);
         let _ = write!(h, "<tr><th>{}</th>", esc(class));
-        for (model, p) in &cells {
+        for (model, p) in cells {
             let _ = write!(
                 h,
                 "<td data-class=\"{}\" data-model=\"{}\" data-seconds=\"{:.4}\" style=\"background:{}\">\
@@ -189,11 +233,11 @@ pub fn render(inp: &StatusInputs<'_>) -> String {
         h.push_str("</tr>");
     }
     h.push_str("</table>");
-    if classes.len() > MAX_CLASSES {
+    if class_count > MAX_CLASSES {
         let _ = write!(
             h,
             "<p>{} more classes in <a href=\"/state\">/state</a>.</p>",
-            classes.len() - MAX_CLASSES
+            class_count - MAX_CLASSES
         );
     }
 

@@ -6,6 +6,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod kubectl_state;
 mod process;
 mod rollout_e2e;
 mod token_review;
