@@ -38,7 +38,11 @@ pub fn note(namespace: &str, pod: &str, e: &Explained) -> String {
             (
                 x.node.as_str(),
                 p.map_or("no prediction (no class)".into(), |p| {
-                    format!("predicted {:.1} s ({:?})", p.seconds, p.source)
+                    format!(
+                        "predicted {:.1} s ({})",
+                        p.seconds,
+                        crate::status::describe_source(&p.source)
+                    )
                 }),
             )
         })
@@ -152,8 +156,8 @@ mod tests {
         };
         assert_eq!(
             note("ml", "train", &e),
-            "Kudos ranked gpu-a first of 2 for class resnet: predicted 2.0 s (OwnHistory { runs: 4 }); \
-             next gpu-b: predicted 6.0 s (OwnHistory { runs: 4 }); details: /explain/ml/train"
+            "Kudos ranked gpu-a first of 2 for class resnet: predicted 2.0 s (4 runs on the node); \
+             next gpu-b: predicted 6.0 s (4 runs on the node); details: /explain/ml/train"
         );
     }
 }

@@ -131,7 +131,7 @@ pub fn desired(index: &SharedIndex, now: f64) -> BTreeMap<(Kind, String), Value>
                     "model": m,
                     "secondsPerUnit": round4(p.seconds),
                     "uncertaintyFactor": round4(p.uncertainty_log_sd.exp()),
-                    "source": format!("{:?}", p.source),
+                    "source": crate::status::describe_source(&p.source),
                 })
             })
             .collect();

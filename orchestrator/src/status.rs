@@ -47,12 +47,13 @@ fn esc(s: &str) -> String {
     out
 }
 
-fn source(s: &PredictionSource) -> String {
+/// What a prediction rests on, in words (the status page, events, `KudosClass`).
+pub fn describe_source(s: &PredictionSource) -> String {
     match s {
         PredictionSource::OwnHistory { runs } => format!("{runs} runs on the node"),
         PredictionSource::Profile { runs } => format!("{runs} runs on this model"),
         PredictionSource::Transfer => "from other classes".into(),
-        other => format!("{other:?}").to_lowercase(),
+        PredictionSource::Prior => "prior (device table)".into(),
     }
 }
 
@@ -227,7 +228,7 @@ pub fn render(inp: &StatusInputs<'_>) -> String {
                 shade(p.seconds, fastest, p.uncertainty_log_sd),
                 p.seconds,
                 p.uncertainty_log_sd.exp(),
-                esc(&source(&p.source))
+                esc(&describe_source(&p.source))
             );
         }
         h.push_str("</tr>");
