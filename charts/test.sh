@@ -60,7 +60,7 @@ V
 cat > "$tmp/minimal.yaml" <<'V'
 scheduler: {enabled: false}
 nodeAgent: {enabled: false}
-tls: {mode: certManager, certManager: {issuerRef: {name: ca-issuer, kind: ClusterIssuer}}}
+tls: {mode: certManager, certManager: {issuerRef: {name: ca-issuer, kind: ClusterIssuer}}, caBundle: "-----BEGIN CERTIFICATE-----\\n...\\n-----END CERTIFICATE-----\\n"}
 orchestrator: {podDisruptionBudget: {enabled: false}}
 V
 
@@ -113,8 +113,10 @@ hasnt $d "helm.sh/resource-policy: keep" "CRDs go with helm uninstall by default
 tpl --set uninstall.keepCRDs=true > "$tmp/keep-crds.yaml"
 count "$tmp/keep-crds.yaml" "helm.sh/resource-policy: keep" 2 "uninstall.keepCRDs keeps both CRDs"
 has $c "secretName: my-client-tls" "existing client certificate Secret is mounted"
-count $d "--orchestrator-url=http://kudos-orchestrator.kudos-system.svc:8889" 1 "node agent gets the orchestrator gRPC address"
-count $d "--orchestrator-addr=http://kudos-orchestrator.kudos-system.svc:8889" 1 "device plugin gets the orchestrator gRPC address"
+count $d "--orchestrator-url=https://kudos-orchestrator.kudos-system.svc:8889" 1 "node agent gets the orchestrator gRPC address (TLS)"
+count $d "--orchestrator-addr=https://kudos-orchestrator.kudos-system.svc:8889" 1 "device plugin gets the orchestrator gRPC address (TLS)"
+count $d "--orchestrator-ca-file=/etc/kudos-ca/ca.crt" 2 "plugin and agent verify the orchestrator with its CA"
+count $d "configMap: {name: kudos-orchestrator-ca}" 2 "plugin and agent mount only the CA (a ConfigMap), never the key's Secret"
 count $d "audience: kudos-orchestrator" 2 "plugin and agent get a token for audience kudos-orchestrator"
 hasnt $d "/run/kudos/nvml-lib" "by default the NVIDIA toolkit delivers NVML, no host driver path"
 hasnt $d "mountPath: /dev" "by default the NVIDIA toolkit delivers the device nodes, no /dev mount"
@@ -174,6 +176,7 @@ bad "/tls/existingSecret" --set tls.mode=existingSecret
 bad "/tls/existingClientSecret" --set tls.mode=existingSecret --set tls.existingSecret=s
 bad "/orchestrator/access/read" --set orchestrator.access.read=everyone
 bad "/tls/mode" --set tls.mode=acme
+bad "tls.caBundle" --set tls.mode=certManager --set tls.certManager.issuerRef.name=x
 bad "replica" --set orchestrator.replica=1
 bad "/gpuNodes/nodeSelector/kudos.dev~1gpu-node" --set gpuNodes.nodeSelector.kudos\\.dev/gpu-node=true
 bad "/kubeletDir" --set kubeletDir=var/lib/kubelet

@@ -5,6 +5,7 @@
 
 pub mod duration;
 pub mod exposition;
+pub mod grpc_tls;
 
 use clap::{Args, ValueEnum};
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};

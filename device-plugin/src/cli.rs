@@ -137,6 +137,11 @@ pub struct Args {
     )]
     pub orchestrator_addr: Option<String>,
 
+    /// PEM CA bundle that signs the orchestrator's certificate; required when
+    /// --orchestrator-addr is https:// (the token then never crosses the network in the clear).
+    #[arg(long, env = "KUDOS_ORCHESTRATOR_CA_FILE")]
+    pub orchestrator_ca_file: Option<PathBuf>,
+
     /// Projected service-account token sent as a bearer token to the orchestrator (re-read on
     /// every report; skipped when missing).
     #[arg(
@@ -241,6 +246,8 @@ pub struct Settings {
     pub name_cache: PathBuf,
     /// Orchestrator address.
     pub orchestrator_addr: Option<String>,
+    /// CA of the orchestrator's certificate (https:// addresses).
+    pub orchestrator_ca_file: Option<PathBuf>,
     /// Token file.
     pub token_file: PathBuf,
     /// Orchestrator call timeout.
@@ -384,6 +391,7 @@ impl TryFrom<Args> for Settings {
             default_name,
             name_cache,
             orchestrator_addr: a.orchestrator_addr.filter(|addr| !addr.is_empty()),
+            orchestrator_ca_file: a.orchestrator_ca_file,
             token_file: a.token_file,
             orchestrator_timeout: a.orchestrator_timeout,
             report: crate::registry::ReportPolicy {

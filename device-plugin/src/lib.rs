@@ -183,6 +183,7 @@ pub async fn run(
     let reporter = match &s.orchestrator_addr {
         Some(addr) => Some(registry::Reporter::new(
             addr,
+            s.orchestrator_ca_file.as_deref(),
             s.node_name.clone(),
             Some(s.token_file.clone()),
             s.orchestrator_timeout,

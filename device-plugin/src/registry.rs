@@ -11,14 +11,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// Errors from reporting.
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     /// The orchestrator address is not a valid URI.
     #[error("invalid orchestrator address {0:?}: {1}")]
-    Address(String, #[source] tonic::transport::Error),
+    Address(String, #[source] kudos_common::grpc_tls::ChannelError),
     /// The call failed (unreachable, timeout, refused).
     #[error("ReportPlugin for {vendor} failed: {status}")]
     Call {
@@ -45,18 +45,19 @@ pub struct Reporter {
 }
 
 impl Reporter {
-    /// Connects lazily to `addr` (`http://host:port`); `timeout` bounds each call.
+    /// Connects lazily to `addr` (`http://host:port`, or `https://` trusting the CA in `ca`);
+    /// `timeout` bounds each call.
     pub fn new(
         addr: &str,
+        ca: Option<&std::path::Path>,
         node: String,
         token_file: Option<PathBuf>,
         timeout: Duration,
     ) -> Result<Self, ReportError> {
-        let channel = Endpoint::from_shared(addr.to_owned())
-            .map_err(|e| ReportError::Address(addr.into(), e))?
-            .connect_timeout(timeout)
-            .timeout(timeout)
-            .connect_lazy();
+        let channel = kudos_common::grpc_tls::channel(addr, ca, |e| {
+            e.connect_timeout(timeout).timeout(timeout)
+        })
+        .map_err(|e| ReportError::Address(addr.into(), e))?;
         Ok(Reporter {
             channel,
             node,

@@ -105,6 +105,11 @@ pub struct Args {
     )]
     pub orchestrator_url: Option<String>,
 
+    /// PEM CA bundle that signs the orchestrator's certificate; required when
+    /// --orchestrator-url is https:// (the token then never crosses the network in the clear).
+    #[arg(long, env = "KUDOS_ORCHESTRATOR_CA_FILE")]
+    pub orchestrator_ca_file: Option<PathBuf>,
+
     /// Projected service-account token sent as `authorization: Bearer`; re-read for every stream
     /// and heartbeat, so rotation needs no restart.
     #[arg(long, env = "KUDOS_TOKEN_FILE")]

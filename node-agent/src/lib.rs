@@ -162,6 +162,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         if let Some(url) = &args.orchestrator_url {
             let cfg = sender::SenderConfig {
                 url: url.clone(),
+                ca_file: args.orchestrator_ca_file.clone(),
                 node: node.clone(),
                 token_file: args.token_file.clone(),
                 heartbeat_period: args.heartbeat_period,

@@ -21,7 +21,7 @@ use kudos_proto::kudos::v1::telemetry_service_client::TelemetryServiceClient;
 use kudos_proto::kudos::v1::{AckStatus, HeartbeatRequest, RunAck, RunReport};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 use tokio::sync::{mpsc, watch};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::metrics::Metrics;
 use crate::outbox::{Outbox, OutboxError};
@@ -31,6 +31,8 @@ use crate::outbox::{Outbox, OutboxError};
 pub struct SenderConfig {
     /// Orchestrator gRPC URL, e.g. `http://kudos-orchestrator.kudos-system:50051`.
     pub url: String,
+    /// CA of the orchestrator's certificate, for an `https://` URL.
+    pub ca_file: Option<PathBuf>,
     /// This node's name.
     pub node: String,
     /// Projected service-account token; no `authorization` header when `None`.
@@ -54,7 +56,7 @@ pub struct SenderConfig {
 pub enum SendError {
     /// The orchestrator URL is invalid.
     #[error("invalid orchestrator URL: {0}")]
-    Url(#[source] tonic::transport::Error),
+    Url(#[source] kudos_common::grpc_tls::ChannelError),
     /// The token file could not be read or is not a valid header value.
     #[error("token file {path}: {reason}")]
     Token {
@@ -88,14 +90,14 @@ pub struct DeviceHealth {
 
 /// A lazily connected channel to the orchestrator (reconnects by itself).
 pub fn channel(cfg: &SenderConfig) -> Result<Channel, SendError> {
-    Ok(Endpoint::from_shared(cfg.url.clone())
-        .map_err(SendError::Url)?
-        .connect_timeout(cfg.timeout)
-        .tcp_keepalive(Some(Duration::from_secs(30)))
-        .http2_keep_alive_interval(Duration::from_secs(30))
-        .keep_alive_timeout(Duration::from_secs(20))
-        .keep_alive_while_idle(true)
-        .connect_lazy())
+    kudos_common::grpc_tls::channel(&cfg.url, cfg.ca_file.as_deref(), |e| {
+        e.connect_timeout(cfg.timeout)
+            .tcp_keepalive(Some(Duration::from_secs(30)))
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(Duration::from_secs(20))
+            .keep_alive_while_idle(true)
+    })
+    .map_err(SendError::Url)
 }
 
 /// Wraps `msg` with the bearer token, read now.

@@ -491,7 +491,26 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
     let grpc_listener = tokio::net::TcpListener::bind(s.grpc_listen)
         .await
         .with_context(|| format!("binding gRPC {}", s.grpc_listen))?;
-    tracing::info!(addr = %grpc_listener.local_addr()?, "gRPC listening");
+    // The device plugins' and node agents' bearer tokens cross this listener: TLS whenever a
+    // certificate is configured.
+    let grpc_tls = match &s.tls {
+        Some(files) => {
+            let server = Arc::new(
+                tls::TlsServer::load_with_alpn(files.clone(), vec![b"h2".to_vec()])
+                    .context("loading the gRPC TLS certificate")?,
+            );
+            tokio::spawn(server.clone().watch(s.tls_reload_interval));
+            Some(server)
+        }
+        None => {
+            tracing::warn!(
+                "gRPC is plain HTTP/2: device plugins' and node agents' bearer tokens cross the network in the clear; set tls.certFile and tls.keyFile"
+            );
+            None
+        }
+    };
+    tracing::info!(addr = %grpc_listener.local_addr()?, tls = grpc_tls.is_some(), "gRPC listening");
+    let grpc_incoming = tls::grpc_incoming(grpc_listener, grpc_tls, s.header_read_timeout);
     let services = grpc::Services(ingest);
     let mut rx = drain_rx.clone();
     let grpc_task = tokio::spawn(
@@ -505,12 +524,9 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
             .tcp_keepalive(Some(Duration::from_secs(60)))
             .add_service(grpc::registry_server(services.clone()))
             .add_service(grpc::telemetry_server(services))
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
-                async move {
-                    let _ = rx.wait_for(|d| *d).await;
-                },
-            )
+            .serve_with_incoming_shutdown(grpc_incoming, async move {
+                let _ = rx.wait_for(|d| *d).await;
+            })
             .instrument(tracing::info_span!("grpc")),
     );
 

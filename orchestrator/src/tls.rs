@@ -96,7 +96,7 @@ impl Material {
         })
     }
 
-    fn server_config(&self, files: &TlsFiles) -> Result<ServerConfig, TlsError> {
+    fn server_config(&self, files: &TlsFiles, alpn: &[Vec<u8>]) -> Result<ServerConfig, TlsError> {
         let certs = certificates(&files.cert, &self.cert)?;
         let key = PrivateKeyDer::from_pem_slice(&self.key).map_err(|e| TlsError::Pem {
             path: files.key.clone(),
@@ -131,7 +131,7 @@ impl Material {
                 files.key.display()
             ))
         })?;
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config.alpn_protocols = alpn.to_vec();
         Ok(config)
     }
 }
@@ -139,16 +139,23 @@ impl Material {
 /// The current server configuration, replaced when the files change.
 pub struct TlsServer {
     files: TlsFiles,
+    alpn: Vec<Vec<u8>>,
     current: RwLock<(Arc<ServerConfig>, Material)>,
 }
 
 impl TlsServer {
-    /// Reads and checks the files; an error here stops the start.
+    /// Reads and checks the files, for HTTP/1.1; an error here stops the start.
     pub fn load(files: TlsFiles) -> Result<Self, TlsError> {
+        Self::load_with_alpn(files, vec![b"http/1.1".to_vec()])
+    }
+
+    /// Reads and checks the files, offering the `alpn` protocols (`h2` for gRPC).
+    pub fn load_with_alpn(files: TlsFiles, alpn: Vec<Vec<u8>>) -> Result<Self, TlsError> {
         let material = Material::read(&files)?;
-        let config = Arc::new(material.server_config(&files)?);
+        let config = Arc::new(material.server_config(&files, &alpn)?);
         Ok(Self {
             files,
+            alpn,
             current: RwLock::new((config, material)),
         })
     }
@@ -169,7 +176,7 @@ impl TlsServer {
                 return Ok(false);
             }
         }
-        let config = Arc::new(material.server_config(&self.files)?);
+        let config = Arc::new(material.server_config(&self.files, &self.alpn)?);
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = (config, material);
         Ok(true)
     }
@@ -225,4 +232,121 @@ impl PeerCertificate {
             .map(|c| c.valid_dns_names().map(str::to_owned).collect())
             .unwrap_or_default()
     }
+}
+
+/// A gRPC connection: plain TCP or TLS. tonic serves either through the `incoming` stream of
+/// [`grpc_incoming`].
+pub enum GrpcConn {
+    /// Plain TCP (no TLS configured).
+    Plain(tokio::net::TcpStream),
+    /// TLS over TCP.
+    Tls(Box<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>),
+}
+
+impl tonic::transport::server::Connected for GrpcConn {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    fn connect_info(&self) -> Self::ConnectInfo {
+        match self {
+            GrpcConn::Plain(s) => s.connect_info(),
+            GrpcConn::Tls(s) => s.get_ref().0.connect_info(),
+        }
+    }
+}
+
+macro_rules! delegate {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self.get_mut() {
+            GrpcConn::Plain($s) => {
+                let $s = std::pin::Pin::new($s);
+                $e
+            }
+            GrpcConn::Tls($s) => {
+                let $s = std::pin::Pin::new($s.as_mut());
+                $e
+            }
+        }
+    };
+}
+
+impl tokio::io::AsyncRead for GrpcConn {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        delegate!(self, s => s.poll_read(cx, buf))
+    }
+}
+
+impl tokio::io::AsyncWrite for GrpcConn {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        delegate!(self, s => s.poll_write(cx, buf))
+    }
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        delegate!(self, s => s.poll_flush(cx))
+    }
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        delegate!(self, s => s.poll_shutdown(cx))
+    }
+}
+
+/// The gRPC listener's connections: accepted on `listener`, TLS-handshaken (within
+/// `handshake_timeout`, each on its own task so a slow client holds up nobody) when `tls` is
+/// given. Failed handshakes are logged at debug and dropped.
+pub fn grpc_incoming(
+    listener: tokio::net::TcpListener,
+    tls: Option<Arc<TlsServer>>,
+    handshake_timeout: Duration,
+) -> impl futures::Stream<Item = Result<GrpcConn, std::io::Error>> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<GrpcConn, std::io::Error>>(64);
+    tokio::spawn(async move {
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "gRPC accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            if tx.is_closed() {
+                break;
+            }
+            match &tls {
+                None => {
+                    if tx.send(Ok(GrpcConn::Plain(stream))).await.is_err() {
+                        break;
+                    }
+                }
+                Some(tls) => {
+                    let acceptor = tls.acceptor();
+                    let tx = tx.clone();
+                    tokio::spawn(async move {
+                        match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await
+                        {
+                            Ok(Ok(s)) => {
+                                let _ = tx.send(Ok(GrpcConn::Tls(Box::new(s)))).await;
+                            }
+                            Ok(Err(e)) => {
+                                tracing::debug!(%peer, error = %e, "gRPC TLS handshake failed")
+                            }
+                            Err(_) => tracing::debug!(%peer, "gRPC TLS handshake timed out"),
+                        }
+                    });
+                }
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
 }

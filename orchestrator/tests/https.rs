@@ -453,3 +453,65 @@ async fn the_admission_webhook_gives_gpu_pods_kudos_scheduler_only_when_configur
         "{text}"
     );
 }
+
+/// The device plugin's and node agent's channel (`kudos_common::grpc_tls`) to the gRPC
+/// listener over TLS: with the orchestrator's CA a report goes through (bearer token and
+/// all); with another CA, or plain HTTP/2 to the TLS port, nothing does.
+#[tokio::test]
+async fn grpc_over_tls_carries_reports_only_to_the_orchestrators_certificate() {
+    use kudos_orchestrator::grpc::{Services, registry_server};
+    use kudos_proto::kudos::v1::registry_service_client::RegistryServiceClient;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "kudos-ca");
+    let rogue = Pki::new(dir.path(), "rogue-ca");
+    let (crt, key) = pki.server("kudos-orchestrator");
+    let tls = Arc::new(
+        TlsServer::load_with_alpn(
+            TlsFiles {
+                cert: crt,
+                key,
+                client_ca: None,
+            },
+            vec![b"h2".to_vec()],
+        )
+        .unwrap(),
+    );
+    let index = standard_index();
+    let metrics = Arc::new(kudos_orchestrator::metrics::Metrics::new());
+    let store =
+        Arc::new(kudos_orchestrator::store::FileStore::open(&dir.path().join("s.redb")).unwrap());
+    let ingest = ingest(index, store, &["gpu-new"], metrics);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let incoming =
+        kudos_orchestrator::tls::grpc_incoming(listener, Some(tls), Duration::from_secs(5));
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(registry_server(Services(ingest)))
+            .serve_with_incoming(incoming),
+    );
+    let report = |ca: Option<PathBuf>, scheme: &'static str| async move {
+        let url = format!("{scheme}://localhost:{}", addr.port());
+        let ch = kudos_common::grpc_tls::channel(&url, ca.as_deref(), |e| {
+            e.timeout(Duration::from_secs(5))
+        })
+        .unwrap();
+        RegistryServiceClient::new(ch)
+            .report_plugin(with_token(plugin("gpu-new", 2, true), Some("t-gpu-new")))
+            .await
+    };
+    let ok = report(Some(pki.ca()), "https")
+        .await
+        .expect("report over TLS");
+    assert_eq!(ok.into_inner().unified_resource_name, UNIFIED);
+    let e = report(Some(rogue.ca()), "https").await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "another CA: {e}");
+    assert!(
+        report(None, "http").await.is_err(),
+        "plain HTTP/2 to the TLS port"
+    );
+    let e =
+        kudos_common::grpc_tls::channel(&format!("https://localhost:{}", addr.port()), None, |e| e)
+            .unwrap_err();
+    assert!(e.to_string().contains("--orchestrator-ca-file"), "{e}");
+}

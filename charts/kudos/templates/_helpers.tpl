@@ -48,7 +48,7 @@ imagePullSecrets:
 
 {{/* gRPC address given to the device plugin and node agent. */}}
 {{- define "kudos.orchestratorGrpc" -}}
-{{ printf "http://%s:%v" (include "kudos.orchestratorHost" .) .Values.orchestrator.ports.grpc }}
+{{ printf "%s://%s:%v" (ternary "http" "https" (eq .Values.tls.mode "none")) (include "kudos.orchestratorHost" .) .Values.orchestrator.ports.grpc }}
 {{- end }}
 
 {{/* Extender URL prefix for kube-scheduler. */}}
@@ -123,4 +123,23 @@ kudos-scheduler-client-tls
 {{- else -}}
 kudos-orchestrator-tls
 {{- end -}}
+{{- end }}
+
+{{/* The orchestrator's CA for the gRPC clients (device plugin, node agent): a ConfigMap, so
+     the nodes never get the Secret that holds the orchestrator's key. */}}
+{{- define "kudos.caArgs" -}}
+{{- if ne .Values.tls.mode "none" }}
+- --orchestrator-ca-file=/etc/kudos-ca/ca.crt
+{{- end }}
+{{- end }}
+{{- define "kudos.caMount" -}}
+{{- if ne .Values.tls.mode "none" }}
+- {name: kudos-ca, mountPath: /etc/kudos-ca, readOnly: true}
+{{- end }}
+{{- end }}
+{{- define "kudos.caVolume" -}}
+{{- if ne .Values.tls.mode "none" }}
+- name: kudos-ca
+  configMap: {name: kudos-orchestrator-ca}
+{{- end }}
 {{- end }}

@@ -5,6 +5,7 @@ use kudos_testkit::telemetry_receiver::TestReceiver;
 fn cfg(url: String, token_file: Option<PathBuf>) -> SenderConfig {
     SenderConfig {
         url,
+        ca_file: None,
         node: "node-a".into(),
         token_file,
         heartbeat_period: Duration::from_millis(100),
