@@ -28,7 +28,6 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures::future::BoxFuture;
-use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::authorization::v1::{
     NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
@@ -208,27 +207,13 @@ impl KubeReadAuthorizer {
     }
 
     async fn review(&self, token: &str, path: &str) -> Result<String, Refusal> {
-        let unavailable = |what: &str, e: kube::Error| Refusal::Unavailable(format!("{what}: {e}"));
-        let tr: kube::Api<TokenReview> = kube::Api::all(self.client.clone());
-        let review = TokenReview {
-            spec: TokenReviewSpec {
-                token: Some(token.to_owned()),
-                audiences: None,
-            },
-            ..Default::default()
-        };
-        let status = tr
-            .create(&kube::api::PostParams::default(), &review)
+        let user = crate::auth::token_review(&self.client, token, &[])
             .await
-            .map_err(|e| unavailable("TokenReview", e))?
-            .status
-            .unwrap_or_default();
-        if status.authenticated != Some(true) {
-            return Err(Refusal::TokenRefused(
-                status.error.unwrap_or_else(|| "not authenticated".into()),
-            ));
-        }
-        let user = status.user.unwrap_or_default();
+            .map_err(|e| match e {
+                crate::auth::AuthError::Unavailable(m) => Refusal::Unavailable(m),
+                crate::auth::AuthError::Invalid(m) => Refusal::TokenRefused(m),
+                other => Refusal::TokenRefused(other.to_string()),
+            })?;
         let name = user.username.clone().unwrap_or_default();
         let sar: kube::Api<SubjectAccessReview> = kube::Api::all(self.client.clone());
         let review = SubjectAccessReview {
@@ -248,7 +233,7 @@ impl KubeReadAuthorizer {
         let allowed = sar
             .create(&kube::api::PostParams::default(), &review)
             .await
-            .map_err(|e| unavailable("SubjectAccessReview", e))?
+            .map_err(|e| Refusal::Unavailable(format!("SubjectAccessReview failed: {e}")))?
             .status
             .is_some_and(|s| s.allowed);
         if allowed {

@@ -119,6 +119,35 @@ impl Authenticator for DenyAll {
 
 // === impl TokenReviewAuthenticator ===
 
+/// Who `token` belongs to, by a TokenReview (`audiences` empty: the API server's default):
+/// [`AuthError::Invalid`] when refused, [`AuthError::Unavailable`] when the API server could
+/// not answer. Shared by the gRPC authenticator and the HTTP read gate.
+pub async fn token_review(
+    client: &kube::Client,
+    token: &str,
+    audiences: &[String],
+) -> Result<k8s_openapi::api::authentication::v1::UserInfo, AuthError> {
+    let api: kube::Api<TokenReview> = kube::Api::all(client.clone());
+    let req = TokenReview {
+        spec: TokenReviewSpec {
+            token: Some(token.to_owned()),
+            audiences: (!audiences.is_empty()).then(|| audiences.to_vec()),
+        },
+        ..Default::default()
+    };
+    let resp = api
+        .create(&kube::api::PostParams::default(), &req)
+        .await
+        .map_err(|e| AuthError::Unavailable(format!("TokenReview failed: {e}")))?;
+    let status = resp.status.unwrap_or_default();
+    if status.authenticated != Some(true) {
+        return Err(AuthError::Invalid(
+            status.error.unwrap_or_else(|| "not authenticated".into()),
+        ));
+    }
+    Ok(status.user.unwrap_or_default())
+}
+
 /// TokenReview against the API server, with a small cache.
 pub struct TokenReviewAuthenticator {
     client: kube::Client,
@@ -144,25 +173,7 @@ impl TokenReviewAuthenticator {
     }
 
     async fn review(&self, token: &str) -> Result<Identity, AuthError> {
-        let api: kube::Api<TokenReview> = kube::Api::all(self.client.clone());
-        let req = TokenReview {
-            spec: TokenReviewSpec {
-                token: Some(token.to_owned()),
-                audiences: (!self.audiences.is_empty()).then(|| self.audiences.clone()),
-            },
-            ..Default::default()
-        };
-        let resp = api
-            .create(&kube::api::PostParams::default(), &req)
-            .await
-            .map_err(|e| AuthError::Unavailable(format!("TokenReview failed: {e}")))?;
-        let status = resp.status.unwrap_or_default();
-        if status.authenticated != Some(true) {
-            return Err(AuthError::Invalid(
-                status.error.unwrap_or_else(|| "not authenticated".into()),
-            ));
-        }
-        let user = status.user.unwrap_or_default();
+        let user = token_review(&self.client, token, &self.audiences).await?;
         let name = user.username.unwrap_or_default();
         if !self.allowed_users.is_empty() && !self.allowed_users.contains(&name) {
             return Err(AuthError::NotAllowed(name));

@@ -471,18 +471,16 @@ pub async fn serve(
                         .await
                 }
                 Some(acceptor) => {
-                    match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => {
-                            let cert = tls
-                                .get_ref()
-                                .1
-                                .peer_certificates()
-                                .and_then(|c| c.first())
-                                .map(|c| Arc::new(c.clone().into_owned()));
-                            conn.run(tls, crate::tls::PeerCertificate(cert)).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    let tls =
+                        crate::tls::handshake(acceptor, stream, handshake_timeout, peer).await;
+                    if let Some(tls) = tls {
+                        let cert = tls
+                            .get_ref()
+                            .1
+                            .peer_certificates()
+                            .and_then(|c| c.first())
+                            .map(|c| Arc::new(c.clone().into_owned()));
+                        conn.run(tls, crate::tls::PeerCertificate(cert)).await;
                     }
                 }
             }

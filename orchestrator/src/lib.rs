@@ -305,27 +305,37 @@ async fn snapshot(index: &index::SharedIndex, store: &dyn store::Store, saved: &
     }
 }
 
+/// A TLS server for `files` offering `alpn`, re-reading them every `every`.
+fn start_tls(
+    files: &tls::TlsFiles,
+    alpn: &[u8],
+    every: Duration,
+) -> anyhow::Result<Arc<tls::TlsServer>> {
+    let server = Arc::new(
+        tls::TlsServer::load_with_alpn(files.clone(), vec![alpn.to_vec()])
+            .with_context(|| format!("loading the TLS certificate {}", files.cert.display()))?,
+    );
+    let protocol = String::from_utf8_lossy(alpn).into_owned();
+    tokio::spawn(
+        server
+            .clone()
+            .watch(every)
+            .instrument(tracing::info_span!("tls_reload", protocol)),
+    );
+    Ok(server)
+}
+
 /// The HTTP listener's TLS server (its reload task started) and access policy, from the
 /// settings; says loudly what is left open.
 fn http_security(
     s: &Settings,
     client: Option<&kube::Client>,
 ) -> anyhow::Result<(Option<Arc<tls::TlsServer>>, access::AccessPolicy)> {
-    let tls = match &s.tls {
-        Some(files) => {
-            let server = Arc::new(
-                tls::TlsServer::load(files.clone()).context("loading the HTTPS certificate")?,
-            );
-            tokio::spawn(
-                server
-                    .clone()
-                    .watch(s.tls_reload_interval)
-                    .instrument(tracing::info_span!("tls_reload")),
-            );
-            Some(server)
-        }
-        None => None,
-    };
+    let tls = s
+        .tls
+        .as_ref()
+        .map(|files| start_tls(files, b"http/1.1", s.tls_reload_interval))
+        .transpose()?;
     let extender = match s.extender_access {
         config::ExtenderAccessMode::ClientCertificate => {
             access::ExtenderAccess::ClientCertificate {
@@ -494,14 +504,7 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
     // The device plugins' and node agents' bearer tokens cross this listener: TLS whenever a
     // certificate is configured.
     let grpc_tls = match &s.tls {
-        Some(files) => {
-            let server = Arc::new(
-                tls::TlsServer::load_with_alpn(files.clone(), vec![b"h2".to_vec()])
-                    .context("loading the gRPC TLS certificate")?,
-            );
-            tokio::spawn(server.clone().watch(s.tls_reload_interval));
-            Some(server)
-        }
+        Some(files) => Some(start_tls(files, b"h2", s.tls_reload_interval)?),
         None => {
             tracing::warn!(
                 "gRPC is plain HTTP/2: device plugins' and node agents' bearer tokens cross the network in the clear; set tls.certFile and tls.keyFile"

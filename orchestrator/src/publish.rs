@@ -74,9 +74,7 @@ pub fn class_object_name(class: &str) -> String {
         .trim_matches(|c: char| !c.is_ascii_alphanumeric())
         .to_owned();
     if name != class || name.is_empty() {
-        let hash = class.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-        });
+        let hash = crate::kobj::seed_of(class);
         if !name.is_empty() {
             name.push('-');
         }

@@ -205,6 +205,27 @@ impl TlsServer {
     }
 }
 
+/// The TLS handshake of an accepted connection, within `timeout`; a failure or timeout is
+/// logged at debug and gives `None`. Shared by the HTTP and gRPC listeners.
+pub async fn handshake(
+    acceptor: tokio_rustls::TlsAcceptor,
+    stream: tokio::net::TcpStream,
+    timeout: Duration,
+    peer: std::net::SocketAddr,
+) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+    match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+        Ok(Ok(s)) => Some(s),
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake timed out");
+            None
+        }
+    }
+}
+
 /// The client certificate a connection presented and the CA verified (none: no certificate,
 /// or plain HTTP). Every request carries it as an extension.
 #[derive(Clone, Debug, Default)]
@@ -333,15 +354,9 @@ pub fn grpc_incoming(
                     let acceptor = tls.acceptor();
                     let tx = tx.clone();
                     tokio::spawn(async move {
-                        match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await
+                        if let Some(s) = handshake(acceptor, stream, handshake_timeout, peer).await
                         {
-                            Ok(Ok(s)) => {
-                                let _ = tx.send(Ok(GrpcConn::Tls(Box::new(s)))).await;
-                            }
-                            Ok(Err(e)) => {
-                                tracing::debug!(%peer, error = %e, "gRPC TLS handshake failed")
-                            }
-                            Err(_) => tracing::debug!(%peer, "gRPC TLS handshake timed out"),
+                            let _ = tx.send(Ok(GrpcConn::Tls(Box::new(s)))).await;
                         }
                     });
                 }
