@@ -12,90 +12,19 @@
 // The integration tests' fixtures: the same index and extender wiring.
 #[path = "../tests/common/mod.rs"]
 mod common;
+mod fixture;
 
-use common::{UNIFIED, empty_index, mk_extender};
+use common::mk_extender;
+use fixture::{body, index};
 use kudos_orchestrator::extender::types::ExtenderArgs;
 use kudos_orchestrator::http::{HttpLimits, HttpState, router};
 use kudos_orchestrator::index::SharedIndex;
 use kudos_orchestrator::metrics::Metrics;
-use kudos_orchestrator::state::{DeviceRecord, PluginConfig, RunOutcome, StoredRun, VendorEntry};
+use kudos_orchestrator::state::{RunOutcome, StoredRun};
 use kudos_scheduler_core::PodSpec;
-use parking_lot::RwLock;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-const MODELS: [(&str, &str); 5] = [
-    ("nvidia", "NVIDIA H100 80GB HBM3"),
-    ("nvidia", "NVIDIA A100-SXM4-80GB"),
-    ("nvidia", "Tesla V100-SXM2-16GB"),
-    ("amd", "AMD Instinct MI300X"),
-    ("nvidia", "NVIDIA L4"),
-];
-
-fn index(nodes: usize) -> SharedIndex {
-    let mut idx = empty_index();
-    let mut cfg = PluginConfig::default();
-    for i in 0..nodes {
-        let (vendor, model) = MODELS[i % MODELS.len()];
-        let devices = (0..[8, 4, 2, 1][i % 4])
-            .map(|d| DeviceRecord {
-                id: format!("dev-{i}-{d}"),
-                model: model.into(),
-                memory_bytes: 80 << 30,
-                ..Default::default()
-            })
-            .collect();
-        cfg.upsert(
-            &format!("node-{i:05}"),
-            vendor,
-            VendorEntry {
-                vendor_resource_name: format!("{vendor}.com/gpu"),
-                devices,
-                plugin_version: "bench".into(),
-            },
-            UNIFIED,
-        );
-    }
-    idx.set_plugin_config(cfg);
-    // Some history so predictions come from several sources.
-    for seq in 1..=300u64 {
-        let node = format!("node-{:05}", (seq * 7919) as usize % nodes);
-        let run = StoredRun {
-            seq,
-            report_id: format!("r{seq}"),
-            run_id: format!("r{seq}"),
-            node: node.clone(),
-            pod_namespace: "bench".into(),
-            pod_name: format!("p{seq}"),
-            class: ["resnet50", "bert", "llm"][seq as usize % 3].into(),
-            device_ids: vec!["d".into()],
-            outcome: RunOutcome::Completed,
-            start: 1_700_000_000.0 + seq as f64 * 10.0,
-            end: 1_700_000_600.0 + seq as f64 * 10.0 + (seq % 13) as f64 * 40.0,
-            gpu_busy_seconds: 500.0,
-            progress: None,
-            work_done: None,
-            profile: idx.profile(&node),
-            received_at: 1_700_001_000.0 + seq as f64 * 10.0,
-        };
-        let _ = idx.apply_run(&run);
-    }
-    Arc::new(RwLock::new(idx))
-}
-
-fn body(nodes: usize) -> Vec<u8> {
-    let names: Vec<String> = (0..nodes).map(|i| format!("node-{i:05}")).collect();
-    serde_json::to_vec(&serde_json::json!({
-        "Pod": {
-            "metadata": {"name": "train", "namespace": "bench", "uid": "uid-train", "labels": {"kudos.dev/class": "resnet50"}},
-            "spec": {"containers": [{"name": "main", "image": "x", "resources": {"requests": {"cpu": "2", "memory": "8Gi", UNIFIED: "1"}}}]}
-        },
-        "Nodes": null,
-        "NodeNames": names,
-    }))
-    .unwrap()
-}
 
 /// One keep-alive HTTP/1.1 call to prioritize; returns the body length.
 fn call(conn: &mut BufReader<std::net::TcpStream>, req: &[u8]) -> usize {

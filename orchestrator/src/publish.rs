@@ -113,7 +113,7 @@ pub fn desired(index: &SharedIndex, now: f64) -> BTreeMap<(Kind, String), Value>
             },
         });
         out.insert(
-            (Kind::Node, n.name.clone()),
+            (Kind::Node, n.name.to_string()),
             object(Kind::Node, &n.name, status),
         );
     }

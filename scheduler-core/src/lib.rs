@@ -34,6 +34,7 @@
 
 pub mod config;
 pub mod feedback;
+mod node_name;
 pub mod nodeset;
 pub mod place;
 pub mod predict;
@@ -48,6 +49,7 @@ pub mod types;
 
 pub use config::{BetaPrior, ClassConfig, ConfigError, Exploration, MergeWeights, SchedulerConfig};
 pub use feedback::ObserveError;
+pub use node_name::NodeName;
 pub use place::PlaceError;
 pub use predict::ModelState;
 pub use types::{

@@ -7,6 +7,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::node_name::NodeName;
+
 /// Seconds since an epoch chosen by the caller. The library never reads a clock.
 pub type Timestamp = f64;
 
@@ -56,7 +58,7 @@ pub enum NodeHealth {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NodeState {
     /// Node name (unique within a call).
-    pub name: String,
+    pub name: NodeName,
     /// Its accelerators.
     pub profile: DeviceProfile,
     /// Devices not allocated to any pod.
@@ -179,7 +181,7 @@ impl RejectionKind {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Rejection {
     /// Node name.
-    pub node: String,
+    pub node: NodeName,
     /// Why it cannot run the pod.
     pub reason: String,
     /// The reason's category, for the extender (`FailedAndUnresolvableNodes` when permanent).
@@ -191,7 +193,7 @@ pub struct Rejection {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RankEntry {
     /// Node name.
-    pub node: String,
+    pub node: NodeName,
     /// Predicted compute time, `None` for pods without a class.
     pub prediction: Option<Prediction>,
     /// Predicted review, `None` for pods without a class.

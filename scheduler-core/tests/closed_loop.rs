@@ -75,7 +75,7 @@ fn simulate(
     for g in types {
         for i in 0..per_type {
             nodes.push(NodeState {
-                name: format!("{g}-{i}"),
+                name: format!("{g}-{i}").into(),
                 profile: DeviceProfile {
                     vendor: "nvidia".into(),
                     model: g.clone(),

@@ -52,7 +52,7 @@ fn build(gens: &[NodeGen]) -> Vec<NodeState> {
     gens.iter()
         .enumerate()
         .map(|(i, g)| NodeState {
-            name: format!("node-{i:03}"),
+            name: format!("node-{i:03}").into(),
             profile: profile(g.model),
             free_devices: g.free,
             cpu_allocatable_milli: 32_000,

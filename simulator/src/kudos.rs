@@ -181,7 +181,7 @@ impl KudosPolicy {
             .zip(&self.profiles)
             .filter(|(n, _)| n.online && ctx.feasible[n.gpu_type])
             .map(|(n, p)| NodeState {
-                name: n.name.clone(),
+                name: n.name.as_str().into(),
                 profile: p.clone(),
                 free_devices: n.free,
                 cpu_allocatable_milli: NODE_CPU_MILLI,
@@ -247,7 +247,7 @@ impl Policy for KudosPolicy {
         let ranking = self.scheduler.rank(&pod, &nodes, ctx.now, seed);
         let best = ranking.entries.first()?;
         Some(Placement {
-            slots: vec![(*self.index.get(&best.node)?, job.gpus)],
+            slots: vec![(*self.index.get(best.node.as_str())?, job.gpus)],
             predicted_seconds: best
                 .prediction
                 .as_ref()

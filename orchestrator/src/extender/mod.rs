@@ -341,7 +341,7 @@ impl Extender {
             .ledger
             .assumed_by_node(|uid| index.knows_bound_pod(uid), now);
         // scheduler-core expects unique names; kube-scheduler never repeats one, a client might.
-        let mut seen = FastSet::default();
+        let mut seen = FastSet::with_capacity_and_hasher(names.len(), Default::default());
         // Nodes node monitoring excludes (rollout enabled) are not ranked; they are reported
         // with the monitor's reason, computed per monitoring pass, not per request.
         let mut excluded = Vec::new();
@@ -474,7 +474,7 @@ impl Extender {
             .partition(|r| r.kind.is_permanent());
         let mut failed: std::collections::BTreeMap<String, String> = transient
             .into_iter()
-            .map(|r| (r.node.clone(), r.reason.clone()))
+            .map(|r| (r.node.to_string(), r.reason.clone()))
             .collect();
         let unresolvable: std::collections::BTreeMap<String, String> = ev
             .unknown
@@ -482,7 +482,7 @@ impl Extender {
             .chain(
                 permanent
                     .into_iter()
-                    .map(|r| (r.node.clone(), r.reason.clone())),
+                    .map(|r| (r.node.to_string(), r.reason.clone())),
             )
             .collect();
         let mut passed: FastSet<&str> = ev

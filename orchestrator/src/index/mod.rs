@@ -27,8 +27,8 @@ use crate::fifo::FifoMap;
 use crate::kobj::{NodeInfo, PodFacts, Requests};
 use crate::state::{PluginConfig, ProfileRecord, RunOutcome, StoredRun};
 use kudos_scheduler_core::{
-    DeviceProfile, Feedback, ModelState, NodeHealth, NodeState, RunObservation, Scheduler,
-    SchedulerConfig,
+    DeviceProfile, Feedback, ModelState, NodeHealth, NodeName, NodeState, RunObservation,
+    Scheduler, SchedulerConfig,
 };
 use parking_lot::RwLock;
 use serde::Serialize;
@@ -77,7 +77,8 @@ pub struct Index {
     used: FastMap<String, Requests>,
     plugin_config: PluginConfig,
     /// Device profile per node from `plugin_config`, computed once per configuration change.
-    profiles: FastMap<String, ProfileRecord>,
+    /// Keyed by a shared name: every ranking input names its node with this key.
+    profiles: FastMap<NodeName, ProfileRecord>,
     device_health: FastMap<String, BTreeMap<String, (u32, u32)>>,
     heartbeats: FastMap<String, HeartbeatInfo>,
     /// The published model; replaced whole by [`Index::publish_model`].
@@ -288,7 +289,7 @@ impl Index {
         self.profiles = cfg
             .nodes
             .keys()
-            .filter_map(|n| Some((n.clone(), cfg.profile(n)?)))
+            .filter_map(|n| Some((NodeName::from(n), cfg.profile(n)?)))
             .collect();
         self.plugin_config = cfg;
     }
@@ -463,11 +464,11 @@ impl Index {
         let mut unknown = Vec::new();
         for name in names {
             let info = from_request.get(name).or_else(|| self.nodes.get(name));
-            let Some(profile) = self
-                .profiles
-                .get(name)
-                .or_else(|| info.and_then(|i| i.label_profile.as_ref()))
-            else {
+            let (known, profile) = match self.profiles.get_key_value(name) {
+                Some((n, p)) => (Some(n), Some(p)),
+                None => (None, info.and_then(|i| i.label_profile.as_ref())),
+            };
+            let Some(profile) = profile else {
                 // Short: the filter answers this once per unknown candidate.
                 unknown.push((name.to_owned(), UNKNOWN_NODE_REASON.to_owned()));
                 continue;
@@ -482,7 +483,7 @@ impl Index {
                 .unwrap_or_else(|| u64::from(self.healthy_devices(name).unwrap_or(profile.count)));
             let health = self.health(name, info, now);
             states.push(NodeState {
-                name: name.to_owned(),
+                name: known.cloned().unwrap_or_else(|| name.into()),
                 profile: to_profile(profile),
                 free_devices: allocatable
                     .saturating_sub(used.gpus)

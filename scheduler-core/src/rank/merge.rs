@@ -167,12 +167,14 @@ fn rank_first_queue(s: &mut Scratch) -> u32 {
 /// The merge's sort: per row a `u64` of its pair's rank (12 bits), the tie queue's position
 /// without the name (`tie_bits`, from `tie`) and the name key's leading bits, in
 /// [`Scratch::order`], sorted; rows with equal keys are ordered by full name.
+///
+/// The sort itself moves plain `u64`s: the row index takes the key's lowest bits (the name key
+/// gives them up, and the full-name fix-up orders rows those bits would have told apart).
 fn sort_keys(s: &mut Scratch, w: &MergeWeights, tie_bits: u32, tie: impl Fn(&Eval, &Row) -> u64) {
     let ranks = s.pair_ranks.for_weights(w);
     let (rows, profiles, evals) = (&s.rows, &s.profiles, &s.evals);
     let name_shift = RANK_BITS + tie_bits;
-    s.order.clear();
-    s.order.extend(rows.iter().enumerate().map(|(i, row)| {
+    let key = |(i, row): (usize, &Row)| {
         let e = match row.eval {
             SHARED => &profiles[row.profile as usize].eval,
             e => &evals[e as usize],
@@ -181,6 +183,27 @@ fn sort_keys(s: &mut Scratch, w: &MergeWeights, tie_bits: u32, tie: impl Fn(&Eva
         let name = row.name_key.checked_shr(name_shift).unwrap_or(0);
         let key = (rank << (64 - RANK_BITS)) | (tie(e, row) << (64 - name_shift)) | name;
         (key, i as u32)
-    }));
-    s.order.sort_unstable_by_key(|k| k.0);
+    };
+    let row_bits = u64::BITS - (rows.len() as u64).leading_zeros();
+    s.order.clear();
+    if row_bits + name_shift > u64::BITS {
+        // Too many rows to share a word with the ranks (over 2^25 at the least).
+        s.order.extend(rows.iter().enumerate().map(key));
+        s.order.sort_unstable_by_key(|k| k.0);
+        return;
+    }
+    let row_mask = (1u64 << row_bits) - 1;
+    s.packed.clear();
+    s.packed.extend(
+        rows.iter()
+            .enumerate()
+            .map(key)
+            .map(|(k, i)| (k & !row_mask) | u64::from(i)),
+    );
+    s.packed.sort_unstable();
+    s.order.extend(
+        s.packed
+            .iter()
+            .map(|&k| (k & !row_mask, (k & row_mask) as u32)),
+    );
 }

@@ -161,6 +161,8 @@ pub(super) struct Scratch {
     evals: Vec<Eval>,
     /// Step 5's sort keys; afterwards `(_, row)` in recommended order.
     order: Vec<(u64, u32)>,
+    /// Step 5's keys with the row in their lowest bits, as sorted.
+    packed: Vec<u64>,
     pair_ranks: merge::PairRanks,
 }
 
@@ -263,7 +265,7 @@ fn recommended_queue(
                 _ => None,
             };
             RankEntry {
-                node: c.name.to_owned(),
+                node: call.nodes[row.node as usize].name.clone(),
                 prediction,
                 review,
                 good_rate: e.good_rate,

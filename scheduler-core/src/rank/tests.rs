@@ -116,7 +116,7 @@ fn reference(s: &Scheduler, pod: &PodSpec, nodes: &[NodeState], now: f64, seed: 
                 .zip(prediction.as_ref())
                 .map(|(t, p)| crate::review::review(p.seconds, t));
             RankEntry {
-                node: c.name.to_owned(),
+                node: c.name.into(),
                 prediction,
                 review,
                 good_rate,

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 /// but its times.
 pub fn completed_run(node: &NodeState, class: &str, start: f64, end: f64) -> RunObservation {
     RunObservation {
-        node: node.name.clone(),
+        node: node.name.to_string(),
         class: class.into(),
         profile: node.profile.clone(),
         gpus: 1,
