@@ -34,7 +34,7 @@
 
 pub mod config;
 pub mod feedback;
-mod node_name;
+mod name;
 pub mod nodeset;
 pub mod place;
 pub mod predict;
@@ -49,7 +49,7 @@ pub mod types;
 
 pub use config::{BetaPrior, ClassConfig, ConfigError, Exploration, MergeWeights, SchedulerConfig};
 pub use feedback::ObserveError;
-pub use node_name::NodeName;
+pub use name::Name;
 pub use place::PlaceError;
 pub use predict::ModelState;
 pub use types::{

@@ -321,7 +321,7 @@ fn closed_loop_settles_on_the_fastest_type() {
         let model = nodes
             .iter()
             .find(|n| n.name == best)
-            .map(|n| n.profile.model.clone())
+            .map(|n| n.profile.model.to_string())
             .unwrap_or_default();
         t += 1000.0;
         s.observe(&run(&best, &model, "c", truth(&model), t), t)

@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::node_name::NodeName;
+pub use crate::name::Name;
 
 /// Seconds since an epoch chosen by the caller. The library never reads a clock.
 pub type Timestamp = f64;
@@ -18,9 +18,9 @@ pub type Timestamp = f64;
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct DeviceProfile {
     /// Vendor, e.g. `nvidia`, `amd`.
-    pub vendor: String,
+    pub vendor: Name,
     /// Device model as reported, e.g. `Tesla V100-SXM2-16GB`, `A100`, `MI300X`.
-    pub model: String,
+    pub model: Name,
     /// Devices of this model on the node.
     pub count: u32,
     /// Memory per device, bytes.
@@ -58,7 +58,7 @@ pub enum NodeHealth {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NodeState {
     /// Node name (unique within a call).
-    pub name: NodeName,
+    pub name: Name,
     /// Its accelerators.
     pub profile: DeviceProfile,
     /// Devices not allocated to any pod.
@@ -181,7 +181,7 @@ impl RejectionKind {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Rejection {
     /// Node name.
-    pub node: NodeName,
+    pub node: Name,
     /// Why it cannot run the pod.
     pub reason: String,
     /// The reason's category, for the extender (`FailedAndUnresolvableNodes` when permanent).
@@ -193,7 +193,7 @@ pub struct Rejection {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RankEntry {
     /// Node name.
-    pub node: NodeName,
+    pub node: Name,
     /// Predicted compute time, `None` for pods without a class.
     pub prediction: Option<Prediction>,
     /// Predicted review, `None` for pods without a class.

@@ -1,5 +1,5 @@
 //! `rank` allocates its answer and nothing else that grows with the nodes (issue 18): per call,
-//! the entries (whose names share the candidates' text, see `NodeName`), plus a few allocations
+//! the entries (whose names share the candidates' text, see `Name`), plus a few allocations
 //! per distinct device profile.
 
 #[path = "../benches/fixture/alloc.rs"]

@@ -78,7 +78,7 @@ fn simulate(
                 name: format!("{g}-{i}").into(),
                 profile: DeviceProfile {
                     vendor: "nvidia".into(),
-                    model: g.clone(),
+                    model: g.as_str().into(),
                     count: 1,
                     memory_bytes: 16 << 30,
                 },

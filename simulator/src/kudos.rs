@@ -96,7 +96,7 @@ impl KudosPolicy {
             .iter()
             .map(|n| DeviceProfile {
                 vendor: "nvidia".into(),
-                model: table.gpu_types[n.gpu_type].clone(),
+                model: table.gpu_types[n.gpu_type].as_str().into(),
                 count: n.total,
                 memory_bytes: 0,
             })

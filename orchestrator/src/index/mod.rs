@@ -27,8 +27,8 @@ use crate::fifo::FifoMap;
 use crate::kobj::{NodeInfo, PodFacts, Requests};
 use crate::state::{PluginConfig, ProfileRecord, RunOutcome, StoredRun};
 use kudos_scheduler_core::{
-    DeviceProfile, Feedback, ModelState, NodeHealth, NodeName, NodeState, RunObservation,
-    Scheduler, SchedulerConfig,
+    DeviceProfile, Feedback, ModelState, Name, NodeHealth, NodeState, RunObservation, Scheduler,
+    SchedulerConfig,
 };
 use parking_lot::RwLock;
 use serde::Serialize;
@@ -77,8 +77,9 @@ pub struct Index {
     used: FastMap<String, Requests>,
     plugin_config: PluginConfig,
     /// Device profile per node from `plugin_config`, computed once per configuration change.
-    /// Keyed by a shared name: every ranking input names its node with this key.
-    profiles: FastMap<NodeName, ProfileRecord>,
+    /// Keyed by a shared name, with the profile as scheduler-core takes it: every ranking input
+    /// shares both instead of copying them.
+    profiles: FastMap<Name, (ProfileRecord, DeviceProfile)>,
     device_health: FastMap<String, BTreeMap<String, (u32, u32)>>,
     heartbeats: FastMap<String, HeartbeatInfo>,
     /// The published model; replaced whole by [`Index::publish_model`].
@@ -289,7 +290,11 @@ impl Index {
         self.profiles = cfg
             .nodes
             .keys()
-            .filter_map(|n| Some((NodeName::from(n), cfg.profile(n)?)))
+            .filter_map(|n| {
+                let record = cfg.profile(n)?;
+                let ranked = to_profile(&record);
+                Some((Name::from(n), (record, ranked)))
+            })
             .collect();
         self.plugin_config = cfg;
     }
@@ -445,6 +450,7 @@ impl Index {
     pub fn profile(&self, node: &str) -> Option<ProfileRecord> {
         self.profiles
             .get(node)
+            .map(|(record, _)| record)
             .or_else(|| self.nodes.get(node).and_then(|n| n.label_profile.as_ref()))
             .cloned()
     }
@@ -460,15 +466,16 @@ impl Index {
         assumed: &HashMap<String, Requests>,
         now: f64,
     ) -> (Vec<NodeState>, Vec<Unknown>) {
-        let mut states = Vec::new();
+        let names = names.into_iter();
+        let mut states = Vec::with_capacity(names.size_hint().0);
         let mut unknown = Vec::new();
         for name in names {
             let info = from_request.get(name).or_else(|| self.nodes.get(name));
-            let (known, profile) = match self.profiles.get_key_value(name) {
-                Some((n, p)) => (Some(n), Some(p)),
+            let (shared, record) = match self.profiles.get_key_value(name) {
+                Some((n, (record, ranked))) => (Some((n, ranked)), Some(record)),
                 None => (None, info.and_then(|i| i.label_profile.as_ref())),
             };
-            let Some(profile) = profile else {
+            let Some(record) = record else {
                 // Short: the filter answers this once per unknown candidate.
                 unknown.push((name.to_owned(), UNKNOWN_NODE_REASON.to_owned()));
                 continue;
@@ -477,14 +484,23 @@ impl Index {
             if let Some(a) = assumed.get(name) {
                 used.add(*a);
             }
+            // (healthy, total) devices as the device plugin reports them.
+            let devices = self.device_health.get(name).map(|m| {
+                m.values()
+                    .fold((0u32, 0u32), |(a, b), (h, t)| (a + h, b + t))
+            });
             let allocatable = info
                 .and_then(|i| i.gpu_allocatable)
                 .map(u64::from)
-                .unwrap_or_else(|| u64::from(self.healthy_devices(name).unwrap_or(profile.count)));
-            let health = self.health(name, info, now);
+                .unwrap_or_else(|| u64::from(devices.map_or(record.count, |(h, _)| h)));
+            let health = self.health(name, info, devices, now);
+            let (name, profile) = match shared {
+                Some((n, ranked)) => (n.clone(), ranked.clone()),
+                None => (Name::from(name), to_profile(record)),
+            };
             states.push(NodeState {
-                name: known.cloned().unwrap_or_else(|| name.into()),
-                profile: to_profile(profile),
+                name,
+                profile,
                 free_devices: allocatable
                     .saturating_sub(used.gpus)
                     .min(u64::from(u32::MAX)) as u32,
@@ -499,25 +515,23 @@ impl Index {
         (states, unknown)
     }
 
-    fn healthy_devices(&self, node: &str) -> Option<u32> {
-        self.device_health
-            .get(node)
-            .map(|m| m.values().map(|(h, _)| h).sum())
-    }
-
-    fn health(&self, node: &str, info: Option<&NodeInfo>, now: f64) -> NodeHealth {
+    /// `devices`: the node's (healthy, total) devices as its device plugin reports them.
+    fn health(
+        &self,
+        node: &str,
+        info: Option<&NodeInfo>,
+        devices: Option<(u32, u32)>,
+        now: f64,
+    ) -> NodeHealth {
         if let Some(Err(reason)) = info.map(|i| &i.ready) {
             return NodeHealth::Unhealthy {
                 reason: reason.clone(),
             };
         }
-        if let Some(m) = self.device_health.get(node) {
-            let (h, t) = m.values().fold((0, 0), |(a, b), (h, t)| (a + h, b + t));
-            if t > 0 && h == 0 {
-                return NodeHealth::Unhealthy {
-                    reason: format!("the device plugin reports all {t} devices unhealthy"),
-                };
-            }
+        if let Some((0, t)) = devices.filter(|&(_, t)| t > 0) {
+            return NodeHealth::Unhealthy {
+                reason: format!("the device plugin reports all {t} devices unhealthy"),
+            };
         }
         if let Some(hb) = self.heartbeats.get(node) {
             let age = now - hb.at;
@@ -624,8 +638,8 @@ pub fn apply_run(scheduler: &mut Scheduler, run: &StoredRun) -> Result<Option<Fe
 /// Converts a persisted profile to scheduler-core's.
 pub fn to_profile(p: &ProfileRecord) -> DeviceProfile {
     DeviceProfile {
-        vendor: p.vendor.clone(),
-        model: p.model.clone(),
+        vendor: p.vendor.as_str().into(),
+        model: p.model.as_str().into(),
         count: p.count,
         memory_bytes: p.memory_bytes,
     }

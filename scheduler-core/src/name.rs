@@ -1,9 +1,10 @@
-//! [`NodeName`]: a node's name, shared rather than copied.
+//! [`Name`]: a name (of a node, a device vendor, a device model) shared rather than copied.
 //!
-//! Every ranking names each candidate once in its answer, and the caller builds the candidates
-//! from its own index for every call; at thousands of nodes a `String` per name per call was a
-//! fifth of `rank`'s time (an allocation, a copy and a free each). A `NodeName` is a reference
-//! count to one allocation, so passing it along is an increment.
+//! Every ranking names each candidate once in its answer, and the caller builds the candidates,
+//! each with its device profile, from its own index for every call; at thousands of nodes a
+//! `String` per name per call was a fifth of `rank`'s time and a third of the orchestrator's
+//! candidate lookup (an allocation, a copy and a free each). A `Name` is a reference count to
+//! one allocation, so passing it along is an increment.
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -12,97 +13,98 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// A node's name. Dereferences to `str`; serialises as a JSON string.
+/// A shared name. Dereferences to `str`; serialises as a JSON string; hashes, compares and
+/// orders as its text.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NodeName(Arc<str>);
+pub struct Name(Arc<str>);
 
-impl NodeName {
+impl Name {
     /// The name as a string slice.
     pub fn as_str(&self) -> &str {
         &self.0
     }
 }
 
-impl Deref for NodeName {
+impl Deref for Name {
     type Target = str;
     fn deref(&self) -> &str {
         &self.0
     }
 }
 
-impl AsRef<str> for NodeName {
+impl AsRef<str> for Name {
     fn as_ref(&self) -> &str {
         &self.0
     }
 }
 
-impl Borrow<str> for NodeName {
+impl Borrow<str> for Name {
     fn borrow(&self) -> &str {
         &self.0
     }
 }
 
-impl From<&str> for NodeName {
+impl From<&str> for Name {
     fn from(s: &str) -> Self {
         Self(Arc::from(s))
     }
 }
 
-impl From<String> for NodeName {
+impl From<String> for Name {
     fn from(s: String) -> Self {
         Self(Arc::from(s))
     }
 }
 
-impl From<&String> for NodeName {
+impl From<&String> for Name {
     fn from(s: &String) -> Self {
         Self(Arc::from(s.as_str()))
     }
 }
 
-impl From<NodeName> for String {
-    fn from(n: NodeName) -> Self {
+impl From<Name> for String {
+    fn from(n: Name) -> Self {
         n.0.as_ref().to_owned()
     }
 }
 
-impl PartialEq<str> for NodeName {
+impl PartialEq<str> for Name {
     fn eq(&self, other: &str) -> bool {
         &*self.0 == other
     }
 }
 
-impl PartialEq<&str> for NodeName {
+impl PartialEq<&str> for Name {
     fn eq(&self, other: &&str) -> bool {
         &*self.0 == *other
     }
 }
 
-impl PartialEq<String> for NodeName {
+impl PartialEq<String> for Name {
     fn eq(&self, other: &String) -> bool {
         *self.0 == **other
     }
 }
 
-impl fmt::Display for NodeName {
+impl fmt::Display for Name {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
 }
 
-impl fmt::Debug for NodeName {
+impl fmt::Debug for Name {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&*self.0, f)
     }
 }
 
-impl Serialize for NodeName {
+impl Serialize for Name {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&self.0)
     }
 }
 
-impl<'de> Deserialize<'de> for NodeName {
+impl<'de> Deserialize<'de> for Name {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         String::deserialize(d).map(Self::from)
     }
@@ -114,9 +116,9 @@ mod tests {
 
     #[test]
     fn serialises_as_a_plain_string_and_compares_with_str() {
-        let n = NodeName::from("gpu-a");
+        let n = Name::from("gpu-a");
         assert_eq!(serde_json::to_string(&n).expect("json"), "\"gpu-a\"");
-        let back: NodeName = serde_json::from_str("\"gpu-a\"").expect("parse");
+        let back: Name = serde_json::from_str("\"gpu-a\"").expect("parse");
         assert_eq!(back, n);
         assert_eq!(n, "gpu-a");
         assert_eq!(format!("{n} {n:?}"), "gpu-a \"gpu-a\"");
