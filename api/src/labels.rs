@@ -18,6 +18,11 @@ pub const DEADLINE_SECONDS: &str = "kudos.dev/deadline-seconds";
 pub const GANG_NAME: &str = "kudos.dev/gang-name";
 /// Pod annotation: number of pods in the gang; set together with [`GANG_NAME`].
 pub const GANG_SIZE: &str = "kudos.dev/gang-size";
+/// Pod annotation: the device vendors the pod's image can use, comma-separated
+/// (`nvidia`, `amd,nvidia`). Without it the scheduler's `default_vendors` apply.
+pub const VENDORS: &str = "kudos.dev/vendors";
+/// Most vendors one [`VENDORS`] annotation may name.
+pub const MAX_POD_VENDORS: usize = 8;
 
 // === nodes (read by the orchestrator) ===
 

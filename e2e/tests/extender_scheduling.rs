@@ -360,6 +360,54 @@ async fn extender_gang_members_bind_to_reserved_slots() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Every vendor registers `kudos.dev/gpu`: the real kube-scheduler with the Kudos extender
+/// puts pods that name no vendor (CUDA images, the default) only on NVIDIA nodes and pods with
+/// `kudos.dev/vendors: amd` only on AMD nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extender_keeps_pods_on_vendors_their_images_can_use() -> anyhow::Result<()> {
+    // Two NVIDIA and two AMD nodes of 2 GPUs, all registering kudos.dev/gpu; 4 pods that name
+    // no vendor (CUDA images: the default) and 4 that name AMD. The slots fit exactly, so a
+    // pod on the wrong vendor also leaves another pod unschedulable.
+    let shapes = uniform_shapes(&["T4", "MI300X"], 2, 2);
+    let Some(Setup {
+        run,
+        mut cp,
+        orch: _orch,
+        ext,
+        pods,
+    }) = start("extender_vendors", "extender-vendors", &shapes).await?
+    else {
+        return Ok(());
+    };
+    let mut want = BTreeMap::new();
+    for i in 0..4 {
+        let cuda = format!("cuda-{i}");
+        pods.create(&PostParams::default(), &pod(&cuda, Some(CLASS), Some(1)))
+            .await?;
+        want.insert(cuda, "node-t4-");
+        let rocm = format!("rocm-{i}");
+        let mut p = pod(&rocm, Some(CLASS), Some(1));
+        p.metadata.annotations = Some(BTreeMap::from([(
+            kudos_api::labels::VENDORS.to_owned(),
+            "amd".to_owned(),
+        )]));
+        pods.create(&PostParams::default(), &p).await?;
+        want.insert(rocm, "node-mi300x-");
+    }
+    cp.start_scheduler(50, Some(&ext))?;
+    for (name, prefix) in &want {
+        let node = bound_node(&pods, name).await?;
+        eprintln!("{name} -> {node}");
+        assert!(
+            node.starts_with(prefix),
+            "{name} landed on {node}; its image can use only {prefix}* nodes"
+        );
+    }
+    cp.check_running()?;
+    run.pass();
+    Ok(())
+}
+
 /// With the shipped scheduler configuration (and the extender's bind), 10 one-GPU pods created
 /// at once on 3 nodes x 2 GPUs end with 6 bound, none over a node's 2, and the rest
 /// unschedulable. (With `ignoredByScheduler: true` this fails: the extender's filter alone

@@ -198,6 +198,7 @@ fn main() {
             work_units: None,
             deadline_seconds: None,
             gang: None,
+            vendors: vec!["nvidia".into(), "amd".into()],
         };
         let mut rank_lat: Vec<Duration> = (0..200)
             .map(|i| {

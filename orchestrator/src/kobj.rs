@@ -91,6 +91,8 @@ pub struct PodFacts {
     pub deadline_seconds: Option<f64>,
     /// Gang name and size.
     pub gang: Option<(String, u32)>,
+    /// Vendors the pod's image can use (`kudos.dev/vendors`), lower case; empty when unset.
+    pub vendors: Vec<String>,
     /// Whether it ended (Succeeded/Failed): holds no resources.
     pub terminated: bool,
 }
@@ -229,6 +231,32 @@ fn positive(
     }
 }
 
+/// The `kudos.dev/vendors` annotation: comma-separated vendor names, at most
+/// [`labels::MAX_POD_VENDORS`], each a valid vendor name; lower-cased.
+fn vendors(pod: &str, ann: &BTreeMap<String, String>) -> Result<Vec<String>, PodError> {
+    let Some(v) = ann.get(labels::VENDORS) else {
+        return Ok(Vec::new());
+    };
+    let names: Vec<String> = v
+        .split(',')
+        .map(|s| s.trim().to_ascii_lowercase())
+        .collect();
+    let ok = names.len() <= labels::MAX_POD_VENDORS
+        && names
+            .iter()
+            .all(|n| kudos_api::bounds::validate_vendor_name(n).is_ok());
+    if ok {
+        Ok(names)
+    } else {
+        Err(PodError {
+            pod: pod.to_owned(),
+            key: labels::VENDORS,
+            value: v.chars().take(64).collect(),
+            expected: "comma-separated vendor names (up to 8, each a DNS label of up to 20 characters), such as nvidia or amd,nvidia",
+        })
+    }
+}
+
 /// Reads a pod; fails only on malformed Kudos annotations, which the user must fix.
 pub fn pod_facts(pod: &Pod, unified: &str) -> Result<PodFacts, PodError> {
     let namespace = pod
@@ -281,6 +309,7 @@ pub fn pod_facts(pod: &Pod, unified: &str) -> Result<PodFacts, PodError> {
             .cloned(),
         work_units: positive(&id, ann, labels::WORK)?,
         deadline_seconds: positive(&id, ann, labels::DEADLINE_SECONDS)?,
+        vendors: vendors(&id, ann)?,
         gang,
         requests: pod_requests(pod, unified),
         uid: pod.metadata.uid.clone().unwrap_or_default(),

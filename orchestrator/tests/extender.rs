@@ -156,6 +156,80 @@ async fn permanent_rejections_are_unresolvable() {
     assert_eq!(keys("FailedNodes"), ["amd-busy"], "{v}");
 }
 
+/// Every vendor registers the same resource name, so the pod's image decides: a pod without
+/// `kudos.dev/vendors` is offered only the default vendors (NVIDIA), a pod that names AMD only
+/// AMD nodes, and a malformed list is an error the user sees; `default_vendors: []` opens
+/// every vendor to pods that name none.
+#[tokio::test]
+async fn a_pod_is_offered_only_vendors_its_image_can_use() {
+    use kudos_orchestrator::index::Index;
+    use kudos_scheduler_core::{Scheduler, SchedulerConfig};
+    let nodes = ["gpu-a", "gpu-b", "gpu-c"];
+    let filter = |app: axum::Router, vendors: Option<&'static str>| async move {
+        let mut pod = pod_json("p", Some("resnet50"), 1);
+        if let Some(v) = vendors {
+            pod["metadata"]["annotations"] = serde_json::json!({"kudos.dev/vendors": v});
+        }
+        let body = serde_json::json!({"Pod": pod, "NodeNames": nodes});
+        post(&app, "/kudos/v1/filter", serde_json::to_vec(&body).unwrap())
+            .await
+            .1
+    };
+    let app = mk_app(standard_index());
+    let v = filter(app.clone(), None).await;
+    assert_eq!(v["NodeNames"], serde_json::json!(["gpu-a", "gpu-c"]), "{v}");
+    let why = v["FailedAndUnresolvableNodes"]["gpu-b"]
+        .as_str()
+        .unwrap_or("");
+    assert!(
+        why.contains("amd") && why.contains("without kudos.dev/vendors"),
+        "{v}"
+    );
+    let v = filter(app.clone(), Some("AMD")).await;
+    assert_eq!(v["NodeNames"], serde_json::json!(["gpu-b"]), "{v}");
+    assert!(
+        v["FailedAndUnresolvableNodes"]["gpu-a"]
+            .as_str()
+            .is_some_and(|r| r.contains("kudos.dev/vendors allows amd")),
+        "{v}"
+    );
+    let v = filter(app.clone(), Some(" amd , nvidia ")).await;
+    assert_eq!(
+        v["NodeNames"],
+        serde_json::json!(["gpu-a", "gpu-b", "gpu-c"]),
+        "{v}"
+    );
+    for bad in ["nvidia;amd", "", "nvidia,,amd", "NVIDIA GPUs"] {
+        let v = filter(app.clone(), Some(bad)).await;
+        let e = v["Error"].as_str().unwrap_or("");
+        assert!(e.contains("kudos.dev/vendors"), "{bad:?}: {v}");
+        assert!(v["NodeNames"].is_null(), "{bad:?}: {v}");
+    }
+
+    // `default_vendors: []`: a pod that names none may use any vendor.
+    let config = SchedulerConfig {
+        default_vendors: Vec::new(),
+        ..SchedulerConfig::default()
+    };
+    let idx = standard_index();
+    let open = {
+        let old = idx.read();
+        let mut i = Index::new(UNIFIED, 120.0, Scheduler::new(config), false);
+        i.set_plugin_config(old.plugin_config().clone());
+        i
+    };
+    let v = filter(
+        mk_app(std::sync::Arc::new(parking_lot::RwLock::new(open))),
+        None,
+    )
+    .await;
+    assert_eq!(
+        v["NodeNames"],
+        serde_json::json!(["gpu-a", "gpu-b", "gpu-c"]),
+        "{v}"
+    );
+}
+
 #[tokio::test]
 async fn golden_filter_unmanaged_pod_is_echoed() {
     let v = check_golden("filter", "filter_unmanaged").await;
@@ -248,11 +322,10 @@ async fn explain_returns_last_ranking() {
 #[tokio::test]
 async fn prioritize_reuses_the_filter_ranking_until_something_changes() {
     let app = mk_app(standard_index());
+    let mut pod = pod_json("r", Some("resnet50"), 1);
+    pod["metadata"]["annotations"] = serde_json::json!({"kudos.dev/vendors": "nvidia,amd"});
     let args = |nodes: &[&str]| {
-        serde_json::to_vec(
-            &serde_json::json!({"Pod": pod_json("r", Some("resnet50"), 1), "NodeNames": nodes}),
-        )
-        .unwrap()
+        serde_json::to_vec(&serde_json::json!({"Pod": pod, "NodeNames": nodes})).unwrap()
     };
     let verb = |v: &Value| v["verb"].as_str().unwrap().to_owned();
     let (_, f) = post(

@@ -9,8 +9,7 @@ use common::*;
 async fn gang_is_reserved_and_steered() {
     let app = mk_app(standard_index());
     let mut pod = pod_json("g-0", Some("resnet50"), 4);
-    pod["metadata"]["annotations"] =
-        serde_json::json!({"kudos.dev/gang-name": "job", "kudos.dev/gang-size": "2"});
+    pod["metadata"]["annotations"] = serde_json::json!({"kudos.dev/gang-name": "job", "kudos.dev/gang-size": "2", "kudos.dev/vendors": "nvidia,amd"});
     let body = serde_json::json!({"Pod": pod, "NodeNames": ["gpu-a", "gpu-b", "gpu-c"]});
     let (_, v) = post(&app, "/kudos/v1/filter", serde_json::to_vec(&body).unwrap()).await;
     let passed: Vec<String> = serde_json::from_value(v["NodeNames"].clone()).unwrap();
@@ -50,8 +49,7 @@ async fn gang_members_in_flight_get_distinct_slots_and_bind_honours_them() {
     let app = mk_app(standard_index());
     let member = |i: usize| {
         let mut pod = pod_json(&format!("m-{i}"), Some("resnet50"), 4);
-        pod["metadata"]["annotations"] =
-            serde_json::json!({"kudos.dev/gang-name": "job", "kudos.dev/gang-size": "3"});
+        pod["metadata"]["annotations"] = serde_json::json!({"kudos.dev/gang-name": "job", "kudos.dev/gang-size": "3", "kudos.dev/vendors": "nvidia,amd"});
         serde_json::json!({"Pod": pod, "NodeNames": ["gpu-a", "gpu-b", "gpu-c"]})
     };
     let mut chosen = Vec::new();

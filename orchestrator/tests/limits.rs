@@ -103,7 +103,7 @@ async fn heavy_reads_are_limited_apart_from_the_extender() {
     }
     let body = args(
         pod_json("p", Some("resnet50"), 1),
-        vec!["gpu-a".into(), "gpu-b".into()],
+        vec!["gpu-a".into(), "gpu-c".into()],
     );
     let (s, v) = post(&app, "/kudos/v1/filter", body).await;
     assert_eq!(s, StatusCode::OK);

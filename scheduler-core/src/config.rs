@@ -135,6 +135,12 @@ pub struct SchedulerConfig {
     /// Keyed runs remembered so that a run's snapshots replace each other (bounds the ledger;
     /// the oldest run is forgotten first, and withdrawn if it was still in progress).
     pub max_tracked_runs: usize,
+    /// Vendors whose devices a pod may use when neither the pod (`kudos.dev/vendors`) nor its
+    /// class (`allowed_vendors`) names any. Default `[nvidia]`: an image built for one vendor's
+    /// runtime (CUDA, most of them) fails on another's devices, and every vendor registers the
+    /// same unified resource name, so a pod that says nothing is kept on the common runtime.
+    /// Empty: any vendor (clusters of one vendor, or images that carry every runtime).
+    pub default_vendors: Vec<String>,
 }
 
 impl Default for SchedulerConfig {
@@ -156,6 +162,7 @@ impl Default for SchedulerConfig {
             enable_transfer: true,
             prediction_review_weight: 4.0,
             max_tracked_runs: 10_000,
+            default_vendors: vec!["nvidia".to_owned()],
         }
     }
 }
@@ -163,6 +170,16 @@ impl Default for SchedulerConfig {
 /// A configuration value that cannot work.
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum ConfigError {
+    /// A value that is not a number and cannot work.
+    #[error("{field} = {value} is invalid: {expected}")]
+    Invalid {
+        /// The offending field.
+        field: String,
+        /// Its value, quoted.
+        value: String,
+        /// What it must be.
+        expected: &'static str,
+    },
     /// A number outside its allowed range.
     #[error("{field} = {value} is invalid: {expected}")]
     OutOfRange {
@@ -192,6 +209,13 @@ impl SchedulerConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let t = self.threshold_factor;
         check("threshold_factor", t, t >= 1.0, "a finite number >= 1")?;
+        if let Some(v) = self.default_vendors.iter().find(|v| v.trim().is_empty()) {
+            return Err(ConfigError::Invalid {
+                field: "default_vendors".to_owned(),
+                value: format!("{v:?}"),
+                expected: "vendor names such as nvidia or amd (an empty list allows any vendor)",
+            });
+        }
         let h = self.review_half_life_seconds;
         check("review_half_life_seconds", h, h > 0.0, "positive seconds")?;
         let (a, b) = (self.beta_prior.alpha, self.beta_prior.beta);

@@ -1,12 +1,13 @@
 //! The node set of a class (§2.2 step 1): which candidates can run the pod at all.
 //!
 //! A node qualifies when it is healthy and fresh, has the free devices, CPU and memory the pod
-//! requests, and carries devices the class allows (vendor or model lists, minimum device memory).
+//! requests, carries devices the class allows (vendor or model lists, minimum device memory),
+//! and its devices' vendor is one the pod's image can use ([`check_vendor`]).
 //! Every exclusion carries a reason an operator can act on, because "why did my pod not go to
 //! node X" is the first question anyone asks a scheduler. Device-level checks depend only on the
 //! profile, so [`crate::Scheduler::rank`] evaluates them once per distinct profile.
 
-use crate::config::ClassConfig;
+use crate::config::{ClassConfig, SchedulerConfig};
 use crate::types::{DeviceProfile, NodeHealth, NodeState, PodSpec, RejectionKind};
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -23,6 +24,44 @@ pub fn check_profile(
     profile: &DeviceProfile,
 ) -> Result<(), String> {
     check_profile_kind(class, config, profile).map_err(|(_, reason)| reason)
+}
+
+/// Whether the pod's image can use the profile's vendor. Every vendor registers the same
+/// unified resource name, so this is what keeps a CUDA image off an AMD node. The vendors are,
+/// in order: the pod's own (`kudos.dev/vendors`); else, when its class restricts vendors or
+/// models, that restriction alone ([`check_profile_kind`]); else `default_vendors` (empty: any).
+pub fn check_vendor(
+    pod: &PodSpec,
+    class: Option<&ClassConfig>,
+    config: &SchedulerConfig,
+    profile: &DeviceProfile,
+) -> Result<(), (RejectionKind, String)> {
+    let class_restricts =
+        class.is_some_and(|c| !c.allowed_vendors.is_empty() || !c.allowed_models.is_empty());
+    let (allowed, whose) = if !pod.vendors.is_empty() {
+        (&pod.vendors, "the pod's kudos.dev/vendors")
+    } else if class_restricts || config.default_vendors.is_empty() {
+        return Ok(());
+    } else {
+        (
+            &config.default_vendors,
+            "the default for a pod without kudos.dev/vendors",
+        )
+    };
+    if allowed
+        .iter()
+        .any(|v| v.eq_ignore_ascii_case(&profile.vendor))
+    {
+        return Ok(());
+    }
+    Err((
+        RejectionKind::VendorNotAllowed,
+        format!(
+            "node has {} devices; {whose} allows {}",
+            profile.vendor,
+            allowed.join(", ")
+        ),
+    ))
 }
 
 /// [`check_node`] with the reason's category.
@@ -171,5 +210,49 @@ mod tests {
         let e = check_profile("llm", Some(&cfg), &profile("nvidia", "T4", 16)).unwrap_err();
         assert!(e.contains("needs 24.0 GiB"), "{e}");
         assert!(check_profile("any", None, &profile("x", "y", 1)).is_ok());
+    }
+
+    #[test]
+    fn vendors_come_from_the_pod_then_the_class_then_the_default() {
+        let pod = |vendors: &[&str]| PodSpec {
+            vendors: vendors.iter().map(|v| (*v).to_owned()).collect(),
+            ..crate::tests::pod(Some("c"))
+        };
+        let config = SchedulerConfig::default();
+        let (nv, amd) = (profile("nvidia", "A100", 80), profile("amd", "MI300X", 192));
+        let kind = |r: Result<(), (RejectionKind, String)>| r.map_err(|(k, _)| k);
+        // Nothing declared: the default, NVIDIA.
+        assert_eq!(config.default_vendors, ["nvidia"]);
+        assert!(check_vendor(&pod(&[]), None, &config, &nv).is_ok());
+        let (k, why) = check_vendor(&pod(&[]), None, &config, &amd).unwrap_err();
+        assert_eq!(k, RejectionKind::VendorNotAllowed);
+        assert!(k.is_permanent());
+        assert!(
+            why.contains("without kudos.dev/vendors allows nvidia"),
+            "{why}"
+        );
+        // The pod's own list wins, whatever the default.
+        assert!(check_vendor(&pod(&["amd"]), None, &config, &amd).is_ok());
+        assert_eq!(
+            kind(check_vendor(&pod(&["amd"]), None, &config, &nv)),
+            Err(RejectionKind::VendorNotAllowed)
+        );
+        // A class that restricts vendors or models decides for pods that name none.
+        let class = ClassConfig {
+            allowed_models: vec!["MI300X".into()],
+            ..Default::default()
+        };
+        assert!(check_vendor(&pod(&[]), Some(&class), &config, &amd).is_ok());
+        // An empty default lets such pods use any vendor.
+        let open = SchedulerConfig {
+            default_vendors: Vec::new(),
+            ..SchedulerConfig::default()
+        };
+        assert!(check_vendor(&pod(&[]), None, &open, &amd).is_ok());
+        let blank = SchedulerConfig {
+            default_vendors: vec![" ".into()],
+            ..SchedulerConfig::default()
+        };
+        assert!(blank.validate().is_err());
     }
 }

@@ -425,6 +425,7 @@ mod tests {
             work_units: None,
             deadline_seconds: None,
             gang: None,
+            vendors: Vec::new(),
         }
     }
 

@@ -35,6 +35,7 @@ pub(crate) fn pod(class: Option<&str>) -> PodSpec {
         work_units: None,
         deadline_seconds: None,
         gang: None,
+        vendors: Vec::new(),
     }
 }
 

@@ -105,6 +105,11 @@ pub struct PodSpec {
     pub deadline_seconds: Option<f64>,
     /// Gang membership, if any.
     pub gang: Option<GangSpec>,
+    /// Vendors whose devices the pod's image can use (`kudos.dev/vendors`), lower case; empty
+    /// when the pod names none (then its class's `allowed_vendors`, else the configuration's
+    /// `default_vendors`, decide).
+    #[serde(default)]
+    pub vendors: Vec<String>,
 }
 
 /// Where a prediction came from, most specific first.
@@ -159,6 +164,9 @@ pub enum RejectionKind {
     NoDevices,
     /// The class's vendor or model lists exclude the node's devices.
     ClassForbidsDevice,
+    /// The node's devices are of a vendor the pod cannot use (its `kudos.dev/vendors`, or the
+    /// default vendors for a pod that names none).
+    VendorNotAllowed,
     /// The node's devices have less memory than the class requires.
     InsufficientDeviceMemory,
     /// The node is marked unhealthy.
@@ -172,7 +180,10 @@ impl RejectionKind {
     pub fn is_permanent(self) -> bool {
         matches!(
             self,
-            Self::NoDevices | Self::ClassForbidsDevice | Self::InsufficientDeviceMemory
+            Self::NoDevices
+                | Self::ClassForbidsDevice
+                | Self::VendorNotAllowed
+                | Self::InsufficientDeviceMemory
         )
     }
 }

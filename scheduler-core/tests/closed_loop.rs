@@ -165,6 +165,7 @@ fn simulate(
                         work_units: None,
                         deadline_seconds: None,
                         gang: None,
+                        vendors: Vec::new(),
                     };
                     let r = sched.rank(&pod, &nodes, now, seed);
                     let best = r.best().expect("a free node").node.clone();

@@ -79,6 +79,7 @@ fn pod(class: bool) -> PodSpec {
         work_units: None,
         deadline_seconds: None,
         gang: None,
+        vendors: Vec::new(),
     }
 }
 

@@ -222,6 +222,8 @@ impl Policy for KudosPolicy {
                 name: format!("job-{}", job.id),
                 size: job.gpus,
             }),
+            // The simulated cluster is all NVIDIA (Gavel's and Alibaba's GPU types).
+            vendors: Vec::new(),
         };
         let nodes = self.node_states(ctx);
         let seed = self.seed ^ (job.id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);

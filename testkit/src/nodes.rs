@@ -19,10 +19,21 @@ use serde_json::json;
 /// Memory per GPU of the trace's models, GiB (G1..G3 are undisclosed: 16 assumed).
 pub fn model_memory_gib(model: &str) -> u64 {
     match model {
+        "MI300X" => 192,
         "V100M32" => 32,
         "A10" => 24,
         "T4" | "P100" | "V100M16" => 16,
         _ => 16,
+    }
+}
+
+/// The vendor of a shape's model: AMD Instinct models (`MI…`) are `amd`, every other model
+/// (the trace's are all NVIDIA) `nvidia`.
+pub fn model_vendor(model: &str) -> &'static str {
+    if model.starts_with("MI") {
+        "amd"
+    } else {
+        "nvidia"
     }
 }
 
@@ -38,7 +49,8 @@ pub struct NodeShape {
     pub memory_mib: u64,
     /// GPUs on the node.
     pub gpu: u32,
-    /// GPU model (`P100`, `T4`, `V100M16`, `V100M32`, `A10`, `G1`..`G3`).
+    /// GPU model (`P100`, `T4`, `V100M16`, `V100M32`, `A10`, `G1`..`G3`; `MI300X` for an AMD
+    /// node, see [`model_vendor`]).
     pub model: String,
 }
 
@@ -112,7 +124,7 @@ pub async fn create_nodes(client: &Client, shapes: &[NodeShape], resource: &str)
                         "labels": {
                             "kubernetes.io/hostname": s.name,
                             "kubernetes.io/os": "linux",
-                            labels::GPU_VENDOR: "nvidia",
+                            labels::GPU_VENDOR: model_vendor(&s.model),
                             labels::GPU_MODEL: s.model,
                             labels::GPU_MEMORY_BYTES: (model_memory_gib(&s.model) << 30).to_string(),
                         }

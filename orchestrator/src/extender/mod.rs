@@ -213,6 +213,7 @@ fn pod_spec(f: &PodFacts) -> PodSpec {
             name: name.clone(),
             size: *size,
         }),
+        vendors: f.vendors.clone(),
     }
 }
 

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::hash::Hasher as _;
 
 use super::{Call, Eval, ProfileRow, Row, SHARED, Scratch};
-use crate::nodeset::{check_node_kind, check_profile_kind};
+use crate::nodeset::{check_node_kind, check_profile_kind, check_vendor};
 use crate::predict::NameHasher;
 use crate::types::{DeviceProfile, Rejection};
 
@@ -107,10 +107,13 @@ fn profile_index(call: &Call<'_>, s: &mut Scratch, i: usize) -> usize {
         profile.vendor, profile.model, profile.count, profile.memory_bytes
     );
     debug_assert_eq!(*key, profile.key());
-    let allowed = match &call.class {
-        Some(c) => check_profile_kind(c.name, c.config, profile),
-        None => Ok(()),
-    };
+    let class_config = call.class.as_ref().and_then(|c| c.config);
+    let allowed = check_vendor(call.pod, class_config, call.config, profile).and_then(|()| {
+        match &call.class {
+            Some(c) => check_profile_kind(c.name, c.config, profile),
+            None => Ok(()),
+        }
+    });
     s.profiles.push(ProfileRow {
         first: i as u32,
         hash: h,
