@@ -46,6 +46,7 @@ mod runs;
 pub mod score;
 mod transfer;
 pub mod types;
+pub mod vendor_outcomes;
 
 pub use config::{BetaPrior, ClassConfig, ConfigError, Exploration, MergeWeights, SchedulerConfig};
 pub use feedback::ObserveError;
@@ -135,6 +136,13 @@ impl Scheduler {
         now: Timestamp,
     ) -> Result<Feedback, ObserveError> {
         feedback::observe(&self.config, &mut self.state, run, now)
+    }
+
+    /// Counts a final run (completed or failed) of `class` on `vendor`'s devices: repeated
+    /// failures on one vendor, where the class completes on another, exclude that vendor for the
+    /// class's pods that name no vendors (see [`vendor_outcomes`]).
+    pub fn record_outcome(&mut self, class: &str, vendor: &str, completed: bool) {
+        self.state.vendor_outcomes.record(class, vendor, completed);
     }
 
     /// Step 7 for a run identified by `run_key` (its ID, the same in every report of the run):

@@ -323,6 +323,9 @@ pub struct ModelState {
     /// Keyed runs and the observation each currently contributes (see [`crate::runs`]).
     #[serde(default)]
     pub(crate) ledger: crate::runs::RunLedger,
+    /// Final runs per class and vendor (see [`crate::vendor_outcomes`]).
+    #[serde(default)]
+    pub(crate) vendor_outcomes: crate::vendor_outcomes::VendorOutcomes,
 }
 
 impl ModelState {
@@ -330,6 +333,12 @@ impl ModelState {
     /// its own shape `class#g`.
     pub fn classes(&self) -> impl Iterator<Item = &str> {
         self.classes.keys().map(String::as_str)
+    }
+
+    /// Why `vendor` is excluded for `class`'s pods that name no vendors, if it is (see
+    /// [`crate::vendor_outcomes`]).
+    pub fn vendor_excluded(&self, class: &str, vendor: &str) -> Option<String> {
+        self.vendor_outcomes.excluded(class, vendor)
     }
 
     /// Runs observed in total.

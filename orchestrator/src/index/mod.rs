@@ -610,6 +610,15 @@ fn pod_key(pod: &PodFacts) -> String {
 /// Feeds one stored run to `scheduler`; `Ok(None)` when the run is not observable (failed,
 /// unclassified, or no device profile).
 pub fn apply_run(scheduler: &mut Scheduler, run: &StoredRun) -> Result<Option<Feedback>, String> {
+    // Final runs, failed ones included, count per vendor: failures on a vendor the class never
+    // completes on keep it off that vendor (scheduler-core `vendor_outcomes`).
+    if let (Some(p), false) = (&run.profile, run.class.is_empty()) {
+        match run.outcome {
+            RunOutcome::Completed => scheduler.record_outcome(&run.class, &p.vendor, true),
+            RunOutcome::Failed => scheduler.record_outcome(&run.class, &p.vendor, false),
+            RunOutcome::InProgress => {}
+        }
+    }
     let (true, Some(p)) = (run.observable(), run.profile.as_ref()) else {
         return Ok(None);
     };

@@ -200,3 +200,46 @@ fn snapshots_of_one_run_count_once_and_the_third_queue_is_kept() {
     assert_eq!(third.observed_at, 3400.0);
     assert_eq!(third.nodes.first().map(|n| n.0.as_str()), Some("n1"));
 }
+
+#[test]
+fn failed_runs_count_per_vendor_and_in_progress_snapshots_do_not() {
+    let mut idx = mk_index();
+    let run = |seq: u64, vendor: &str, outcome: RunOutcome| StoredRun {
+        seq,
+        report_id: format!("r{seq}"),
+        run_id: format!("run-{seq}"),
+        node: format!("{vendor}-node"),
+        pod_namespace: "default".into(),
+        pod_name: format!("p{seq}"),
+        class: "llm".into(),
+        device_ids: vec!["d0".into()],
+        outcome,
+        start: 1000.0,
+        end: 1010.0,
+        gpu_busy_seconds: 0.0,
+        progress: (outcome == RunOutcome::InProgress).then_some(0.5),
+        work_done: None,
+        profile: Some(ProfileRecord {
+            vendor: vendor.into(),
+            model: "M".into(),
+            count: 1,
+            memory_bytes: 16 << 30,
+        }),
+        received_at: 1010.0,
+    };
+    idx.apply_run(&run(1, "nvidia", RunOutcome::Completed))
+        .expect("applied");
+    for seq in 2..5 {
+        let fb = idx.apply_run(&run(seq, "amd", RunOutcome::Failed));
+        assert!(
+            matches!(fb, Ok(None)),
+            "a failed run teaches no speed: {fb:?}"
+        );
+        idx.apply_run(&run(seq + 10, "amd", RunOutcome::InProgress))
+            .expect("applied");
+    }
+    let state = idx.scheduler().state();
+    let why = state.vendor_excluded("llm", "amd").expect("excluded");
+    assert!(why.contains("failed 3 times"), "{why}");
+    assert_eq!(state.vendor_excluded("llm", "nvidia"), None);
+}

@@ -5,7 +5,7 @@
 use super::*;
 use crate::Scheduler;
 use crate::config::MergeWeights;
-use crate::nodeset::{check_node_kind, check_profile_kind};
+use crate::nodeset::{check_node_kind, check_profile_kind, check_vendor};
 use crate::predict::{predict_node, predict_profile_for};
 use crate::queue::{self, Candidate};
 use crate::review::{good_probability, threshold};
@@ -23,10 +23,21 @@ fn reference(s: &Scheduler, pod: &PodSpec, nodes: &[NodeState], now: f64, seed: 
     let mut rejected = Vec::new();
     let mut fit = Vec::new();
     for node in nodes {
-        let allowed = check_node_kind(node, pod).and_then(|()| match class {
-            Some(c) => check_profile_kind(c, config.classes.get(c), &node.profile),
-            None => Ok(()),
-        });
+        let class_config = class.and_then(|c| config.classes.get(c));
+        let allowed = check_node_kind(node, pod)
+            .and_then(|()| check_vendor(pod, class_config, config, &node.profile))
+            .and_then(|()| match class {
+                Some(c) => check_profile_kind(c, class_config, &node.profile),
+                None => Ok(()),
+            })
+            .and_then(|()| {
+                match class.and_then(|c| state.vendor_excluded(c, &node.profile.vendor)) {
+                    Some(why) if pod.vendors.is_empty() => {
+                        Err((RejectionKind::VendorNotAllowed, why))
+                    }
+                    _ => Ok(()),
+                }
+            });
         if let Err((kind, reason)) = allowed {
             let name = node.name.clone();
             rejected.push(Rejection {
@@ -242,4 +253,46 @@ fn steps_compose_to_the_per_node_definition() {
     assert!(r.rejected.len() == 6 && compared > 500, "{r:?}");
     let reviews: Vec<_> = r.entries.iter().filter_map(|e| e.review).collect();
     assert!(reviews.contains(&Review::Good) && reviews.contains(&Review::Bad));
+}
+
+#[test]
+fn a_class_that_keeps_failing_on_a_vendor_is_kept_off_it_unless_the_pod_names_it() {
+    let mut amd = node("amd-1", "MI300X");
+    amd.profile.vendor = "amd".into();
+    let nodes = vec![node("nv-1", "V100"), amd];
+    let mut s = Scheduler::new(SchedulerConfig {
+        default_vendors: Vec::new(),
+        ..SchedulerConfig::default()
+    });
+    s.record_outcome("c", "nvidia", true);
+    for _ in 0..crate::vendor_outcomes::FAILURES_TO_EXCLUDE {
+        s.record_outcome("c", "amd", false);
+    }
+    let names =
+        |r: &Ranking| -> Vec<String> { r.entries.iter().map(|e| e.node.to_string()).collect() };
+    let plain = pod(Some("c"));
+    let r = s.rank(&plain, &nodes, 5_000.0, 1);
+    assert_eq!(names(&r), ["nv-1"], "{r:?}");
+    assert_eq!(r.rejected[0].kind, RejectionKind::VendorNotAllowed);
+    assert!(
+        r.rejected[0].reason.contains("failed 3 times on amd"),
+        "{r:?}"
+    );
+    assert_eq!(r, reference(&s, &plain, &nodes, 5_000.0, 1));
+    // Named by the pod: taken at its word. Another class: no evidence against AMD.
+    let named = PodSpec {
+        vendors: vec!["amd".into()],
+        ..plain.clone()
+    };
+    let r = s.rank(&named, &nodes, 5_000.0, 1);
+    assert_eq!(names(&r), ["amd-1"], "{r:?}");
+    assert_eq!(r, reference(&s, &named, &nodes, 5_000.0, 1));
+    let other = pod(Some("other"));
+    let r = s.rank(&other, &nodes, 5_000.0, 1);
+    assert_eq!(r.entries.len(), 2, "{r:?}");
+    assert_eq!(r, reference(&s, &other, &nodes, 5_000.0, 1));
+    // The evidence is part of the model: it survives a snapshot.
+    let back: Scheduler =
+        serde_json::from_str(&serde_json::to_string(&s).expect("json")).expect("snapshot loads");
+    assert_eq!(back.rank(&plain, &nodes, 5_000.0, 1).entries.len(), 1);
 }
