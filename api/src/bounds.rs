@@ -117,6 +117,12 @@ fn is_dns_label(s: &str) -> bool {
         && b[b.len() - 1] != b'-'
 }
 
+/// Whether `s` is a DNS-1123 subdomain, as Kubernetes object names (nodes, schedulers) are:
+/// at most 253 characters of dot-separated DNS labels of at most 63.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= MAX_NODE_NAME_LEN && s.split('.').all(|l| l.len() <= 63 && is_dns_label(l))
+}
+
 /// A vendor key: a lowercase DNS label of at most [`MAX_VENDOR_NAME_LEN`] characters.
 pub fn validate_vendor_name(vendor: &str) -> Result<(), BoundsError> {
     check_len("vendor name", vendor, MAX_VENDOR_NAME_LEN)?;
@@ -218,7 +224,7 @@ pub fn validate_class_name(class: &str) -> Result<(), BoundsError> {
 /// A node name: a DNS-1123 subdomain of at most [`MAX_NODE_NAME_LEN`] characters.
 pub fn validate_node_name(node: &str) -> Result<(), BoundsError> {
     check_len("node name", node, MAX_NODE_NAME_LEN)?;
-    if !node.split('.').all(|l| l.len() <= 63 && is_dns_label(l)) {
+    if !is_dns_subdomain(node) {
         return Err(syntax("node name", node, "a lowercase DNS subdomain"));
     }
     Ok(())

@@ -26,21 +26,30 @@ pub enum ChannelError {
     Ca(String, String),
 }
 
-fn client_config(ca: &Path) -> Result<rustls::ClientConfig, ChannelError> {
+/// The CA certificates of a PEM bundle as a trust store: every block must be a usable CA
+/// certificate, and there must be at least one. The error says which, for the file's owner.
+pub fn root_store(pem: &[u8]) -> Result<rustls::RootCertStore, String> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
-    let bad = |e: String| ChannelError::Ca(ca.display().to_string(), e);
-    let mut roots = rustls::RootCertStore::empty();
-    let certs = CertificateDer::pem_file_iter(ca)
-        .map_err(|e| bad(e.to_string()))?
+    let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| bad(e.to_string()))?;
+        .map_err(|e| format!("not a PEM certificate list: {e}"))?;
     if certs.is_empty() {
-        return Err(bad("holds no CERTIFICATE block".into()));
+        return Err("holds no CERTIFICATE block".into());
     }
+    let mut roots = rustls::RootCertStore::empty();
     for c in certs {
-        roots.add(c).map_err(|e| bad(e.to_string()))?;
+        roots
+            .add(c)
+            .map_err(|e| format!("not a usable CA certificate: {e}"))?;
     }
+    Ok(roots)
+}
+
+fn client_config(ca: &Path) -> Result<rustls::ClientConfig, ChannelError> {
+    let bad = |e: String| ChannelError::Ca(ca.display().to_string(), e);
+    let pem = std::fs::read(ca).map_err(|e| bad(e.to_string()))?;
+    let roots = root_store(&pem).map_err(bad)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()

@@ -563,14 +563,7 @@ impl Settings {
 /// `admission.podSchedulerName`: a DNS subdomain, as `spec.schedulerName` must be.
 fn pod_scheduler_name(name: Option<String>) -> Result<Option<String>, ConfigError> {
     let Some(name) = name else { return Ok(None) };
-    let valid = !name.is_empty()
-        && name.len() <= limits::MAX_OBJECT_NAME_LEN
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
-        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if !valid {
+    if !kudos_api::bounds::is_dns_subdomain(&name) {
         return Err(ConfigError::Invalid {
             field: "admission.podSchedulerName",
             reason: format!("{name:?} is not a scheduler name (a lowercase DNS subdomain)"),
@@ -675,6 +668,28 @@ fn extender_prefix(mut prefix: String) -> Result<String, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_webhook_scheduler_name_is_a_dns_subdomain_other_than_the_default() {
+        for ok in ["kudos", "kudos.v1", "gpu-scheduler"] {
+            let got = pod_scheduler_name(Some(ok.into())).ok().flatten();
+            assert_eq!(got.as_deref(), Some(ok));
+        }
+        assert!(matches!(pod_scheduler_name(None), Ok(None)));
+        let long_label = "a".repeat(64);
+        for bad in [
+            "",
+            "Kudos",
+            "-kudos",
+            "kudos.",
+            "a..b",
+            "kudos_1",
+            &long_label,
+            "default-scheduler",
+        ] {
+            assert!(pod_scheduler_name(Some(bad.into())).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn example_config_parses() {

@@ -14,7 +14,7 @@
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
-use rustls::{RootCertStore, ServerConfig};
+use rustls::ServerConfig;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -108,13 +108,11 @@ impl Material {
             .map_err(|e| TlsError::Config(e.to_string()))?;
         let builder = match (&files.client_ca, &self.client_ca) {
             (Some(path), Some(pem)) => {
-                let mut roots = RootCertStore::empty();
-                for c in certificates(path, pem)? {
-                    roots.add(c).map_err(|e| TlsError::Pem {
+                let roots =
+                    kudos_common::grpc_tls::root_store(pem).map_err(|what| TlsError::Pem {
                         path: path.clone(),
-                        what: format!("not a usable CA certificate: {e}"),
+                        what,
                     })?;
-                }
                 let verifier =
                     WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                         .allow_unauthenticated()
