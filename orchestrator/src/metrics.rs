@@ -52,6 +52,37 @@ pub const ACCESS_REFUSAL_REASONS: [&str; 6] = [
     "unavailable",
 ];
 
+/// The reasons of `extender_nodes_rejected_total`: scheduler-core's rejection kinds
+/// ([`kudos_scheduler_core::RejectionKind::as_str`]), and `unknown` for nodes without known
+/// accelerators or excluded by node monitoring.
+pub const NODE_REJECTION_REASONS: [&str; 8] = [
+    "noRoom",
+    "noDevices",
+    "classForbidsDevice",
+    "vendorNotAllowed",
+    "insufficientDeviceMemory",
+    "unhealthy",
+    "stale",
+    "unknown",
+];
+
+/// A counter family by `{reason}` with every reason at 0 from the start, so dashboards and
+/// alerts see each series before its first increment (a family without children is not
+/// exposed at all).
+fn reason_counter(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    reasons: &[&'static str],
+) -> Family<ReasonLabels, Counter> {
+    let family = Family::<ReasonLabels, Counter>::default();
+    for &reason in reasons {
+        let _ = family.get_or_create(&ReasonLabels { reason });
+    }
+    registry.register(name, help, family.clone());
+    family
+}
+
 /// All metrics of the process.
 pub struct Metrics {
     registry: Registry,
@@ -78,6 +109,8 @@ pub struct Metrics {
     pub monitor: kudos_rollout::MonitorMetrics,
     /// Extender binds refused because Kudos did not place the pod there, by reason.
     pub bind_refused: Family<ReasonLabels, Counter>,
+    /// Candidate nodes left out of rankings, by reason.
+    pub nodes_rejected: Family<ReasonLabels, Counter>,
     /// Pods the admission webhook saw, by decision.
     pub admission_pods: Family<DecisionLabels, Counter>,
     /// HTTP requests refused by authentication or authorization, by reason.
@@ -160,25 +193,17 @@ impl Metrics {
         rollout.register(registry.sub_registry_with_prefix("rollout"));
         let monitor = kudos_rollout::MonitorMetrics::default();
         monitor.register(registry.sub_registry_with_prefix("node"));
-        let report_rejections = Family::<ReasonLabels, Counter>::default();
-        // Every reason at 0 from the start, so dashboards and alerts see the series before the
-        // first rejection (a family without children is not exposed at all).
-        for reason in REJECTION_REASONS {
-            let _ = report_rejections.get_or_create(&ReasonLabels { reason });
-        }
-        registry.register(
+        let report_rejections = reason_counter(
+            &mut registry,
             "run_report_rejections",
             "Run reports refused by a bound (implausible times, oversized names), by reason",
-            report_rejections.clone(),
+            &REJECTION_REASONS,
         );
-        let bind_refused = Family::<ReasonLabels, Counter>::default();
-        for reason in BIND_REFUSAL_REASONS {
-            let _ = bind_refused.get_or_create(&ReasonLabels { reason });
-        }
-        registry.register(
+        let bind_refused = reason_counter(
+            &mut registry,
             "extender_bind_refused",
             "Extender binds refused because Kudos did not just rank the pod onto that node, by reason",
-            bind_refused.clone(),
+            &BIND_REFUSAL_REASONS,
         );
         let admission_pods = Family::<DecisionLabels, Counter>::default();
         for decision in ["mutated", "unchanged", "error"] {
@@ -189,14 +214,17 @@ impl Metrics {
             "Pods the admission webhook saw: mutated (schedulerName set to Kudos'), unchanged, error",
             admission_pods.clone(),
         );
-        let access_refused = Family::<ReasonLabels, Counter>::default();
-        for reason in ACCESS_REFUSAL_REASONS {
-            let _ = access_refused.get_or_create(&ReasonLabels { reason });
-        }
-        registry.register(
+        let access_refused = reason_counter(
+            &mut registry,
             "http_requests_refused",
             "HTTP requests refused by authentication (client certificate, bearer token) or authorization, by reason",
-            access_refused.clone(),
+            &ACCESS_REFUSAL_REASONS,
+        );
+        let nodes_rejected = reason_counter(
+            &mut registry,
+            "extender_nodes_rejected",
+            "Candidate nodes the extender left out of a GPU pod's ranking, by reason (vendorNotAllowed: the pod's image cannot use the node's vendor)",
+            &NODE_REJECTION_REASONS,
         );
         let http_connections_refused = Counter::default();
         registry.register(
@@ -237,6 +265,7 @@ impl Metrics {
         Self {
             registry,
             bind_refused,
+            nodes_rejected,
             admission_pods,
             access_refused,
             report_rejections,

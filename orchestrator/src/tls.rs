@@ -11,10 +11,10 @@
 //! access policy's decision ([`crate::access`]), made on the [`PeerCertificate`] each request
 //! carries.
 
+use rustls::ServerConfig;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
-use rustls::ServerConfig;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;

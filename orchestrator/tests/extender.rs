@@ -433,6 +433,18 @@ async fn metrics_pass_promtool() {
         text.contains("kudos_orchestrator_extender_request_duration_seconds_bucket"),
         "{text}"
     );
+    // The golden filter leaves out the AMD node (the pod names no vendor), the stale node and
+    // the node without accelerators; every reason is exposed from the start.
+    for (reason, n) in [
+        ("vendorNotAllowed", 1),
+        ("stale", 1),
+        ("unknown", 1),
+        ("noRoom", 0),
+    ] {
+        let line =
+            format!("kudos_orchestrator_extender_nodes_rejected_total{{reason=\"{reason}\"}} {n}");
+        assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+    }
     if let Some(report) = kudos_testkit::promtool_check_metrics(&text).expect("promtool") {
         assert!(report.success, "promtool: {}", report.output);
     }

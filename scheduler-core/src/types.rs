@@ -176,6 +176,19 @@ pub enum RejectionKind {
 }
 
 impl RejectionKind {
+    /// A short camelCase identifier (metric labels, logs).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NoRoom => "noRoom",
+            Self::NoDevices => "noDevices",
+            Self::ClassForbidsDevice => "classForbidsDevice",
+            Self::VendorNotAllowed => "vendorNotAllowed",
+            Self::InsufficientDeviceMemory => "insufficientDeviceMemory",
+            Self::Unhealthy => "unhealthy",
+            Self::Stale => "stale",
+        }
+    }
+
     /// True for mismatches that no change in load or health can resolve for this pod.
     pub fn is_permanent(self) -> bool {
         matches!(

@@ -369,6 +369,7 @@ impl Extender {
         drop(index);
         let unknown_nodes_total = unknown.len();
         let ranking = model.rank(&spec, &states, now, seed);
+        self.count_rejections(&ranking.rejected, unknown_nodes_total);
         let (mut gang_node, mut gang_error, mut reservation) = (None, None, None);
         if let Some(key) = &gang_key {
             let live = match self.ledger.reservation(key, now) {
@@ -427,6 +428,27 @@ impl Extender {
             gang_node,
             gang_error,
             unknown,
+        }
+    }
+
+    /// `extender_nodes_rejected_total`: one increment per reason present, not per node.
+    fn count_rejections(&self, rejected: &[kudos_scheduler_core::Rejection], unknown: usize) {
+        let mut by_kind: Vec<(&'static str, u64)> = Vec::new();
+        for r in rejected {
+            let kind = r.kind.as_str();
+            match by_kind.iter_mut().find(|(k, _)| *k == kind) {
+                Some((_, n)) => *n += 1,
+                None => by_kind.push((kind, 1)),
+            }
+        }
+        if unknown > 0 {
+            by_kind.push(("unknown", unknown as u64));
+        }
+        for (reason, n) in by_kind {
+            self.metrics
+                .nodes_rejected
+                .get_or_create(&crate::metrics::ReasonLabels { reason })
+                .inc_by(n);
         }
     }
 
