@@ -1,5 +1,6 @@
 //! Prometheus metrics (prometheus-client, OpenMetrics text on `GET /metrics`), base units only.
 
+use kudos_scheduler_core::RejectionKind;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -52,19 +53,10 @@ pub const ACCESS_REFUSAL_REASONS: [&str; 6] = [
     "unavailable",
 ];
 
-/// The reasons of `extender_nodes_rejected_total`: scheduler-core's rejection kinds
-/// ([`kudos_scheduler_core::RejectionKind::as_str`]), and `unknown` for nodes without known
-/// accelerators or excluded by node monitoring.
-pub const NODE_REJECTION_REASONS: [&str; 8] = [
-    "noRoom",
-    "noDevices",
-    "classForbidsDevice",
-    "vendorNotAllowed",
-    "insufficientDeviceMemory",
-    "unhealthy",
-    "stale",
-    "unknown",
-];
+/// The reason of `extender_nodes_rejected_total` for nodes without known accelerators or
+/// excluded by node monitoring; the other reasons are scheduler-core's rejection kinds
+/// ([`kudos_scheduler_core::RejectionKind::as_str`]).
+pub const UNKNOWN_NODE_METRIC_REASON: &str = "unknown";
 
 /// A counter family by `{reason}` with every reason at 0 from the start, so dashboards and
 /// alerts see each series before its first increment (a family without children is not
@@ -224,7 +216,11 @@ impl Metrics {
             &mut registry,
             "extender_nodes_rejected",
             "Candidate nodes the extender left out of a GPU pod's ranking, by reason (vendorNotAllowed: the pod's image cannot use the node's vendor)",
-            &NODE_REJECTION_REASONS,
+            &RejectionKind::ALL
+                .map(RejectionKind::as_str)
+                .into_iter()
+                .chain([UNKNOWN_NODE_METRIC_REASON])
+                .collect::<Vec<_>>(),
         );
         let http_connections_refused = Counter::default();
         registry.register(

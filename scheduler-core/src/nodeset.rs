@@ -8,6 +8,7 @@
 //! profile, so [`crate::Scheduler::rank`] evaluates them once per distinct profile.
 
 use crate::config::{ClassConfig, SchedulerConfig};
+use crate::predict::ModelState;
 use crate::types::{DeviceProfile, NodeHealth, NodeState, PodSpec, RejectionKind};
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -62,6 +63,27 @@ pub fn check_vendor(
             allowed.join(", ")
         ),
     ))
+}
+
+/// Every device-level check of `pod` on `profile`, in order: the vendor ([`check_vendor`]);
+/// with a class, the class's device rules ([`check_profile_kind`]) and, for a pod that leaves
+/// the vendor to Kudos, what the class's runs taught (`ModelState::vendor_excluded`).
+pub fn check_devices(
+    pod: &PodSpec,
+    class: Option<(&str, Option<&ClassConfig>)>,
+    config: &SchedulerConfig,
+    state: &ModelState,
+    profile: &DeviceProfile,
+) -> Result<(), (RejectionKind, String)> {
+    check_vendor(pod, class.and_then(|(_, c)| c), config, profile)?;
+    let Some((name, class_config)) = class else {
+        return Ok(());
+    };
+    check_profile_kind(name, class_config, profile)?;
+    match state.vendor_excluded(name, &profile.vendor) {
+        Some(why) if pod.vendors.is_empty() => Err((RejectionKind::VendorNotAllowed, why)),
+        _ => Ok(()),
+    }
 }
 
 /// [`check_node`] with the reason's category.

@@ -536,3 +536,14 @@ fn rejections_are_machine_readable() {
         .collect();
     assert_eq!(permanent, ["small", "t4", "v100"]);
 }
+
+#[test]
+fn rejection_kinds_are_listed_once_in_declaration_order() {
+    for (i, kind) in RejectionKind::ALL.into_iter().enumerate() {
+        assert_eq!(kind as usize, i, "{kind:?}");
+    }
+    let mut names: Vec<&str> = RejectionKind::ALL.map(RejectionKind::as_str).to_vec();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), RejectionKind::ALL.len());
+}

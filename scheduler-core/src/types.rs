@@ -176,6 +176,17 @@ pub enum RejectionKind {
 }
 
 impl RejectionKind {
+    /// Every kind, in declaration order (`kind as usize` is its index).
+    pub const ALL: [RejectionKind; 7] = [
+        Self::NoRoom,
+        Self::NoDevices,
+        Self::ClassForbidsDevice,
+        Self::VendorNotAllowed,
+        Self::InsufficientDeviceMemory,
+        Self::Unhealthy,
+        Self::Stale,
+    ];
+
     /// A short camelCase identifier (metric labels, logs).
     pub fn as_str(self) -> &'static str {
         match self {

@@ -433,22 +433,20 @@ impl Extender {
 
     /// `extender_nodes_rejected_total`: one increment per reason present, not per node.
     fn count_rejections(&self, rejected: &[kudos_scheduler_core::Rejection], unknown: usize) {
-        let mut by_kind: Vec<(&'static str, u64)> = Vec::new();
+        use kudos_scheduler_core::RejectionKind;
+        let mut by_kind = [0u64; RejectionKind::ALL.len()];
         for r in rejected {
-            let kind = r.kind.as_str();
-            match by_kind.iter_mut().find(|(k, _)| *k == kind) {
-                Some((_, n)) => *n += 1,
-                None => by_kind.push((kind, 1)),
+            by_kind[r.kind as usize] += 1;
+        }
+        let reasons = RejectionKind::ALL.map(RejectionKind::as_str);
+        let unknown = (crate::metrics::UNKNOWN_NODE_METRIC_REASON, unknown as u64);
+        for (reason, n) in reasons.into_iter().zip(by_kind).chain([unknown]) {
+            if n > 0 {
+                self.metrics
+                    .nodes_rejected
+                    .get_or_create(&crate::metrics::ReasonLabels { reason })
+                    .inc_by(n);
             }
-        }
-        if unknown > 0 {
-            by_kind.push(("unknown", unknown as u64));
-        }
-        for (reason, n) in by_kind {
-            self.metrics
-                .nodes_rejected
-                .get_or_create(&crate::metrics::ReasonLabels { reason })
-                .inc_by(n);
         }
     }
 

@@ -77,9 +77,9 @@ pub struct Index {
     used: FastMap<String, Requests>,
     plugin_config: PluginConfig,
     /// Device profile per node from `plugin_config`, computed once per configuration change.
-    /// Keyed by a shared name, with the profile as scheduler-core takes it: every ranking input
-    /// shares both instead of copying them.
-    profiles: FastMap<Name, (ProfileRecord, DeviceProfile)>,
+    /// Keyed by a shared name, as scheduler-core takes it: every ranking input shares both
+    /// instead of copying them.
+    profiles: FastMap<Name, DeviceProfile>,
     device_health: FastMap<String, BTreeMap<String, (u32, u32)>>,
     heartbeats: FastMap<String, HeartbeatInfo>,
     /// The published model; replaced whole by [`Index::publish_model`].
@@ -290,11 +290,7 @@ impl Index {
         self.profiles = cfg
             .nodes
             .keys()
-            .filter_map(|n| {
-                let record = cfg.profile(n)?;
-                let ranked = to_profile(&record);
-                Some((Name::from(n), (record, ranked)))
-            })
+            .filter_map(|n| Some((Name::from(n), to_profile(&cfg.profile(n)?))))
             .collect();
         self.plugin_config = cfg;
     }
@@ -448,11 +444,15 @@ impl Index {
     /// The device profile of a node: the plugin's report first (it saw the devices), else the
     /// node's `kudos.dev/gpu-*` labels.
     pub fn profile(&self, node: &str) -> Option<ProfileRecord> {
-        self.profiles
-            .get(node)
-            .map(|(record, _)| record)
-            .or_else(|| self.nodes.get(node).and_then(|n| n.label_profile.as_ref()))
-            .cloned()
+        match self.profiles.get(node) {
+            Some(p) => Some(ProfileRecord {
+                vendor: p.vendor.to_string(),
+                model: p.model.to_string(),
+                count: p.count,
+                memory_bytes: p.memory_bytes,
+            }),
+            None => self.nodes.get(node).and_then(|n| n.label_profile.clone()),
+        }
     }
 
     /// Builds ranking input for `names`. `from_request` holds nodes kube-scheduler sent in
@@ -471,14 +471,16 @@ impl Index {
         let mut unknown = Vec::new();
         for name in names {
             let info = from_request.get(name).or_else(|| self.nodes.get(name));
-            let (shared, record) = match self.profiles.get_key_value(name) {
-                Some((n, (record, ranked))) => (Some((n, ranked)), Some(record)),
-                None => (None, info.and_then(|i| i.label_profile.as_ref())),
-            };
-            let Some(record) = record else {
-                // Short: the filter answers this once per unknown candidate.
-                unknown.push((name.to_owned(), UNKNOWN_NODE_REASON.to_owned()));
-                continue;
+            let (node_name, profile) = match self.profiles.get_key_value(name) {
+                Some((n, p)) => (n.clone(), p.clone()),
+                None => match info.and_then(|i| i.label_profile.as_ref()) {
+                    Some(p) => (Name::from(name), to_profile(p)),
+                    None => {
+                        // Short: the filter answers this once per unknown candidate.
+                        unknown.push((name.to_owned(), UNKNOWN_NODE_REASON.to_owned()));
+                        continue;
+                    }
+                },
             };
             let mut used = self.used.get(name).copied().unwrap_or_default();
             if let Some(a) = assumed.get(name) {
@@ -492,14 +494,10 @@ impl Index {
             let allocatable = info
                 .and_then(|i| i.gpu_allocatable)
                 .map(u64::from)
-                .unwrap_or_else(|| u64::from(devices.map_or(record.count, |(h, _)| h)));
+                .unwrap_or_else(|| u64::from(devices.map_or(profile.count, |(h, _)| h)));
             let health = self.health(name, info, devices, now);
-            let (name, profile) = match shared {
-                Some((n, ranked)) => (n.clone(), ranked.clone()),
-                None => (Name::from(name), to_profile(record)),
-            };
             states.push(NodeState {
-                name,
+                name: node_name,
                 profile,
                 free_devices: allocatable
                     .saturating_sub(used.gpus)
@@ -612,12 +610,12 @@ fn pod_key(pod: &PodFacts) -> String {
 pub fn apply_run(scheduler: &mut Scheduler, run: &StoredRun) -> Result<Option<Feedback>, String> {
     // Final runs, failed ones included, count per vendor: failures on a vendor the class never
     // completes on keep it off that vendor (scheduler-core `vendor_outcomes`).
-    if let (Some(p), false) = (&run.profile, run.class.is_empty()) {
-        match run.outcome {
-            RunOutcome::Completed => scheduler.record_outcome(&run.class, &p.vendor, true),
-            RunOutcome::Failed => scheduler.record_outcome(&run.class, &p.vendor, false),
-            RunOutcome::InProgress => {}
-        }
+    if let Some(p) = &run.profile
+        && !run.class.is_empty()
+        && run.outcome != RunOutcome::InProgress
+    {
+        let completed = run.outcome == RunOutcome::Completed;
+        scheduler.record_outcome(&run.class, &p.vendor, completed);
     }
     let (true, Some(p)) = (run.observable(), run.profile.as_ref()) else {
         return Ok(None);

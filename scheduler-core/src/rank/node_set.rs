@@ -4,9 +4,9 @@ use std::fmt::Write as _;
 use std::hash::Hasher as _;
 
 use super::{Call, Eval, ProfileRow, Row, SHARED, Scratch};
-use crate::nodeset::{check_node_kind, check_profile_kind, check_vendor};
+use crate::nodeset::{check_devices, check_node_kind};
 use crate::predict::NameHasher;
-use crate::types::{DeviceProfile, Rejection, RejectionKind};
+use crate::types::{DeviceProfile, Rejection};
 
 /// §2.2 step 1: one [`Row`] per node that fits the pod and whose devices the class allows, in
 /// the order of `call.nodes`; the others are returned with their reasons. Device-level checks
@@ -107,16 +107,8 @@ fn profile_index(call: &Call<'_>, s: &mut Scratch, i: usize) -> usize {
         profile.vendor, profile.model, profile.count, profile.memory_bytes
     );
     debug_assert_eq!(*key, profile.key());
-    let class_config = call.class.as_ref().and_then(|c| c.config);
-    let allowed = check_vendor(call.pod, class_config, call.config, profile).and_then(|()| {
-        let Some(c) = &call.class else { return Ok(()) };
-        check_profile_kind(c.name, c.config, profile)?;
-        // What the class's runs taught: only for pods that leave the vendor to Kudos.
-        match call.state.vendor_excluded(c.name, &profile.vendor) {
-            Some(why) if call.pod.vendors.is_empty() => Err((RejectionKind::VendorNotAllowed, why)),
-            _ => Ok(()),
-        }
-    });
+    let class = call.class.as_ref().map(|c| (c.name, c.config));
+    let allowed = check_devices(call.pod, class, call.config, call.state, profile);
     s.profiles.push(ProfileRow {
         first: i as u32,
         hash: h,

@@ -5,7 +5,7 @@
 use super::*;
 use crate::Scheduler;
 use crate::config::MergeWeights;
-use crate::nodeset::{check_node_kind, check_profile_kind, check_vendor};
+use crate::nodeset::{check_devices, check_node_kind};
 use crate::predict::{predict_node, predict_profile_for};
 use crate::queue::{self, Candidate};
 use crate::review::{good_probability, threshold};
@@ -23,21 +23,9 @@ fn reference(s: &Scheduler, pod: &PodSpec, nodes: &[NodeState], now: f64, seed: 
     let mut rejected = Vec::new();
     let mut fit = Vec::new();
     for node in nodes {
-        let class_config = class.and_then(|c| config.classes.get(c));
+        let class_rules = class.map(|c| (c, config.classes.get(c)));
         let allowed = check_node_kind(node, pod)
-            .and_then(|()| check_vendor(pod, class_config, config, &node.profile))
-            .and_then(|()| match class {
-                Some(c) => check_profile_kind(c, class_config, &node.profile),
-                None => Ok(()),
-            })
-            .and_then(|()| {
-                match class.and_then(|c| state.vendor_excluded(c, &node.profile.vendor)) {
-                    Some(why) if pod.vendors.is_empty() => {
-                        Err((RejectionKind::VendorNotAllowed, why))
-                    }
-                    _ => Ok(()),
-                }
-            });
+            .and_then(|()| check_devices(pod, class_rules, config, state, &node.profile));
         if let Err((kind, reason)) = allowed {
             let name = node.name.clone();
             rejected.push(Rejection {
