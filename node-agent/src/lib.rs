@@ -128,6 +128,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
         tracing::info!(depth = outbox.depth(), dir = %args.outbox_dir.display(), "outbox open");
         let metrics = metrics::Metrics::new(&node);
+        if outbox.recovered().is_some() {
+            metrics.outbox_recoveries.inc();
+        }
         let health = Arc::new(sender::DeviceHealth::default());
         let (stop_tx, stop) = watch::channel(false);
         let mut tasks = Vec::new();

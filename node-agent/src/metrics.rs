@@ -66,6 +66,8 @@ pub struct Metrics {
     pub outbox_dropped: FCounter,
     /// Outbox write failures.
     pub outbox_errors: Counter,
+    /// Damaged outbox files set aside at start (the agent started with an empty outbox).
+    pub outbox_recoveries: Counter,
     /// Reports written to the orchestrator stream.
     pub reports_sent: Counter,
     /// Acknowledgements by `status`.
@@ -130,6 +132,7 @@ impl Metrics {
             outbox_capacity: Gauge::default(),
             outbox_dropped: FCounter::default(),
             outbox_errors: Counter::default(),
+            outbox_recoveries: Counter::default(),
             reports_sent: Counter::default(),
             reports_acked: FCounter::default(),
             runs_active: Gauge::default(),
@@ -206,6 +209,11 @@ impl Metrics {
             "kudos_outbox_errors",
             "Outbox write failures",
             m.outbox_errors.clone(),
+        );
+        r.register(
+            "kudos_outbox_recoveries",
+            "Damaged outbox files moved aside at start (the agent started with an empty outbox)",
+            m.outbox_recoveries.clone(),
         );
         r.register(
             "kudos_reports_sent",

@@ -12,6 +12,13 @@
 //! full of completed runs is refused and handed back to the caller, which logs an error and
 //! counts it: loud, never silent.
 //!
+//! A damaged file (a bad block, a torn write, a truncation to zero bytes) is found when the
+//! outbox opens: every page's checksum is verified and every record read. Such a file is moved
+//! aside as `outbox.redb.damaged-<unix seconds>` (kept for inspection), an error is logged,
+//! and the agent starts with an empty outbox instead of crash-looping; [`Outbox::recovered`]
+//! says so (counted in `kudos_outbox_recoveries`). A panic inside redb on a later operation
+//! becomes [`OutboxError::Damaged`], an error like any other store failure.
+//!
 //! Tables: `reports` (sequence → encoded report, in arrival order), `ids` (report ID →
 //! sequence, for acknowledgements), `snapshots` (sequences of in-progress snapshots, oldest
 //! first), `meta` (counters and one-shot flags), `active_runs` (run ID → latest state of each
@@ -50,6 +57,40 @@ pub enum OutboxError {
     /// The store failed (disk full, corruption, I/O error).
     #[error("outbox store: {0}")]
     Store(#[source] Box<redb::Error>),
+    /// The file is damaged: the embedded database panicked reading or writing it.
+    #[error("outbox store damaged: {0}")]
+    Damaged(String),
+}
+
+impl OutboxError {
+    /// Whether the error says the file itself is damaged (as opposed to permissions, a full
+    /// disk or another process holding it).
+    fn is_damage(&self) -> bool {
+        match self {
+            OutboxError::Damaged(_) => true,
+            OutboxError::Store(e) => match e.as_ref() {
+                redb::Error::Corrupted(_) | redb::Error::RepairAborted => true,
+                redb::Error::Io(io) => matches!(
+                    io.kind(),
+                    std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof
+                ),
+                _ => false,
+            },
+            OutboxError::Io { .. } => false,
+        }
+    }
+}
+
+/// Calls `f`, turning a panic inside redb into [`OutboxError::Damaged`].
+fn guarded<T>(f: impl FnOnce() -> Result<T, OutboxError>) -> Result<T, OutboxError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        let msg = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "panic without a message".into());
+        Err(OutboxError::Damaged(msg))
+    })
 }
 
 impl<E: Into<redb::Error>> From<E> for OutboxError {
@@ -79,6 +120,12 @@ pub struct Outbox {
     max_reports: u64,
     depth: AtomicU64,
     notify: tokio::sync::Notify,
+    recovered: Option<String>,
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> OutboxError {
+    let path = path.to_owned();
+    move |source| OutboxError::Io { path, source }
 }
 
 fn is_snapshot(r: &RunReport) -> bool {
@@ -87,30 +134,66 @@ fn is_snapshot(r: &RunReport) -> bool {
 
 impl Outbox {
     /// Opens (or creates) the outbox in `dir`: the directory is made `0700`, the file `0600`.
+    /// A damaged file is moved aside and an empty outbox started (see the module docs).
     pub fn open(dir: &Path, max_reports: u64) -> Result<Self, OutboxError> {
         use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-        let io = |path: &Path| {
-            let path = path.to_owned();
-            move |source| OutboxError::Io { path, source }
-        };
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)
-            .map_err(io(dir))?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io(dir))?;
+            .map_err(io_error(dir))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(io_error(dir))?;
         let file = dir.join("outbox.redb");
+        let damage = match std::fs::metadata(&file) {
+            // A store always holds its tables: zero bytes is a truncation, not a new file.
+            Ok(m) if m.len() == 0 => OutboxError::Damaged("the file has zero bytes".into()),
+            _ => match guarded(|| Self::open_file(&file, max_reports)) {
+                Err(e) if e.is_damage() => e,
+                other => return other,
+            },
+        };
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let aside = dir.join(format!("outbox.redb.damaged-{secs}"));
+        std::fs::rename(&file, &aside).map_err(io_error(&file))?;
+        tracing::error!(
+            path = %file.display(),
+            moved_to = %aside.display(),
+            reason = %damage,
+            "THE OUTBOX FILE IS DAMAGED: it was moved aside and the agent starts with an EMPTY outbox \
+             (reports not yet acknowledged and saved active runs in it are lost)"
+        );
+        let mut outbox = guarded(|| Self::open_file(&file, max_reports))?;
+        outbox.recovered = Some(format!("{damage}; moved to {}", aside.display()));
+        Ok(outbox)
+    }
+
+    /// Opens the file, verifying every page's checksum (redb's integrity check: a plain open
+    /// may panic on a file damaged outside redb) and reading every record once, so damage is
+    /// found here rather than by a later send.
+    fn open_file(file: &Path, max_reports: u64) -> Result<Self, OutboxError> {
+        use std::os::unix::fs::PermissionsExt;
         // Small cache: the working set is the unsent reports, and RSS matters on every node.
-        let db = redb::Builder::new().set_cache_size(4 << 20).create(&file)?;
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))
-            .map_err(io(&file))?;
+        let db = redb::Builder::new()
+            .set_cache_size(4 << 20)
+            .set_check_integrity_on_open(true)
+            .create(file)?;
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600))
+            .map_err(io_error(file))?;
         let txn = db.begin_write()?;
         let depth = {
             let reports = txn.open_table(REPORTS)?;
+            for entry in reports.iter()? {
+                entry?;
+            }
             txn.open_table(IDS)?;
             txn.open_table(SNAPSHOTS)?;
             txn.open_table(META)?;
-            txn.open_table(ACTIVE)?;
+            for entry in txn.open_table(ACTIVE)?.iter()? {
+                entry?;
+            }
             reports.len()?
         };
         txn.commit()?;
@@ -119,7 +202,13 @@ impl Outbox {
             max_reports: max_reports.max(1),
             depth: AtomicU64::new(depth),
             notify: tokio::sync::Notify::new(),
+            recovered: None,
         })
+    }
+
+    /// Why the file found at open was damaged and set aside, if it was.
+    pub fn recovered(&self) -> Option<&str> {
+        self.recovered.as_deref()
     }
 
     /// Reports waiting for an acknowledgement.
@@ -146,11 +235,13 @@ impl Outbox {
 
     /// Stores `reports` durably (one commit); see [`PushOutcome`] for what happens when full.
     pub fn push(&self, reports: &[RunReport]) -> Result<PushOutcome, OutboxError> {
-        let txn = self.begin()?;
-        let out = self.push_in(&txn, reports)?;
-        txn.commit()?;
-        self.after_write(&out);
-        Ok(out)
+        guarded(|| {
+            let txn = self.begin()?;
+            let out = self.push_in(&txn, reports)?;
+            txn.commit()?;
+            self.after_write(&out);
+            Ok(out)
+        })
     }
 
     fn after_write(&self, out: &PushOutcome) {
@@ -163,7 +254,7 @@ impl Outbox {
     }
 
     fn count(&self) -> Result<u64, OutboxError> {
-        Ok(self.db.begin_read()?.open_table(REPORTS)?.len()?)
+        guarded(|| Ok(self.db.begin_read()?.open_table(REPORTS)?.len()?))
     }
 
     fn push_in(
@@ -227,16 +318,18 @@ impl Outbox {
         flag: &str,
         make: impl FnOnce() -> Vec<RunReport>,
     ) -> Result<Option<PushOutcome>, OutboxError> {
-        let txn = self.begin()?;
-        let key = format!("{SYNTHETIC_DONE}/{flag}");
-        if txn.open_table(META)?.get(key.as_str())?.is_some() {
-            return Ok(None);
-        }
-        let out = self.push_in(&txn, &make())?;
-        txn.open_table(META)?.insert(key.as_str(), 1)?;
-        txn.commit()?;
-        self.after_write(&out);
-        Ok(Some(out))
+        guarded(|| {
+            let txn = self.begin()?;
+            let key = format!("{SYNTHETIC_DONE}/{flag}");
+            if txn.open_table(META)?.get(key.as_str())?.is_some() {
+                return Ok(None);
+            }
+            let out = self.push_in(&txn, &make())?;
+            txn.open_table(META)?.insert(key.as_str(), 1)?;
+            txn.commit()?;
+            self.after_write(&out);
+            Ok(Some(out))
+        })
     }
 
     /// Up to `limit` reports with sequence numbers above `after`, oldest first.
@@ -245,72 +338,80 @@ impl Outbox {
         after: Option<u64>,
         limit: usize,
     ) -> Result<Vec<(u64, RunReport)>, OutboxError> {
-        let txn = self.db.begin_read()?;
-        let table = txn.open_table(REPORTS)?;
-        let start = after.map_or(0, |a| a.saturating_add(1));
-        let mut out = Vec::with_capacity(limit.min(1024));
-        for entry in table.range(start..)?.take(limit) {
-            let (k, v) = entry?;
-            match RunReport::decode(v.value()) {
-                Ok(r) => out.push((k.value(), r)),
-                Err(e) => {
-                    tracing::error!(seq = k.value(), error = %e, "undecodable report in the outbox; skipped")
+        guarded(|| {
+            let txn = self.db.begin_read()?;
+            let table = txn.open_table(REPORTS)?;
+            let start = after.map_or(0, |a| a.saturating_add(1));
+            let mut out = Vec::with_capacity(limit.min(1024));
+            for entry in table.range(start..)?.take(limit) {
+                let (k, v) = entry?;
+                match RunReport::decode(v.value()) {
+                    Ok(r) => out.push((k.value(), r)),
+                    Err(e) => {
+                        tracing::error!(seq = k.value(), error = %e, "undecodable report in the outbox; skipped")
+                    }
                 }
             }
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
     /// Removes acknowledged reports; unknown IDs are ignored. Returns how many were removed.
     pub fn ack<S: AsRef<str>>(&self, report_ids: &[S]) -> Result<usize, OutboxError> {
-        let txn = self.begin()?;
-        let mut n = 0;
-        {
-            let mut table = txn.open_table(REPORTS)?;
-            let mut ids = txn.open_table(IDS)?;
-            let mut snaps = txn.open_table(SNAPSHOTS)?;
-            for id in report_ids {
-                let seq = ids.remove(id.as_ref())?.map(|v| v.value());
-                if let Some(seq) = seq {
-                    table.remove(seq)?;
-                    snaps.remove(seq)?;
-                    n += 1;
+        guarded(|| {
+            let txn = self.begin()?;
+            let mut n = 0;
+            {
+                let mut table = txn.open_table(REPORTS)?;
+                let mut ids = txn.open_table(IDS)?;
+                let mut snaps = txn.open_table(SNAPSHOTS)?;
+                for id in report_ids {
+                    let seq = ids.remove(id.as_ref())?.map(|v| v.value());
+                    if let Some(seq) = seq {
+                        table.remove(seq)?;
+                        snaps.remove(seq)?;
+                        n += 1;
+                    }
                 }
             }
-        }
-        txn.commit()?;
-        if let Ok(c) = self.count() {
-            self.depth.store(c, Ordering::Relaxed);
-        }
-        Ok(n)
+            txn.commit()?;
+            if let Ok(c) = self.count() {
+                self.depth.store(c, Ordering::Relaxed);
+            }
+            Ok(n)
+        })
     }
 
     /// Replaces the saved state of active runs.
     pub fn save_active(&self, runs: &[RunReport]) -> Result<(), OutboxError> {
-        let txn = self.begin()?;
-        {
-            let mut t = txn.open_table(ACTIVE)?;
-            t.retain(|_, _| false)?;
-            for r in runs {
-                t.insert(r.run_id.as_str(), r.encode_to_vec().as_slice())?;
+        guarded(|| {
+            let txn = self.begin()?;
+            {
+                let mut t = txn.open_table(ACTIVE)?;
+                t.retain(|_, _| false)?;
+                for r in runs {
+                    t.insert(r.run_id.as_str(), r.encode_to_vec().as_slice())?;
+                }
             }
-        }
-        txn.commit()?;
-        Ok(())
+            txn.commit()?;
+            Ok(())
+        })
     }
 
     /// The saved state of runs that were active when the agent last stopped.
     pub fn load_active(&self) -> Result<Vec<RunReport>, OutboxError> {
-        let txn = self.db.begin_read()?;
-        let t = txn.open_table(ACTIVE)?;
-        let mut out = Vec::new();
-        for entry in t.iter()? {
-            let (_, v) = entry?;
-            if let Ok(r) = RunReport::decode(v.value()) {
-                out.push(r);
+        guarded(|| {
+            let txn = self.db.begin_read()?;
+            let t = txn.open_table(ACTIVE)?;
+            let mut out = Vec::new();
+            for entry in t.iter()? {
+                let (_, v) = entry?;
+                if let Ok(r) = RunReport::decode(v.value()) {
+                    out.push(r);
+                }
             }
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 }
 

@@ -140,3 +140,74 @@ fn active_runs_round_trip() {
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].report_id, "b");
 }
+
+/// Every 4 KiB block of a real outbox, overwritten with garbage in turn: the outbox opens each
+/// time (intact, or the file moved aside and an empty outbox started, said by `recovered`),
+/// answers reads and takes a new report. Before, a damaged page made redb panic at open and
+/// the agent crash-looped.
+#[test]
+fn a_damaged_block_is_set_aside_and_the_outbox_starts_empty() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let good = dir.path().join("good");
+    {
+        let ob = Outbox::open(&good, 100).expect("open");
+        let reports: Vec<_> = (0..20)
+            .map(|i| report(&format!("r{i}"), RunState::Completed))
+            .collect();
+        ob.push(&reports).expect("push");
+        ob.save_active(&[report("live", RunState::InProgress)])
+            .expect("active");
+    }
+    let bytes = std::fs::read(good.join("outbox.redb")).expect("read");
+    let (mut intact, mut recovered) = (0, 0);
+    for block in 0..bytes.len().div_ceil(4096) {
+        let case = dir.path().join(format!("block-{block}"));
+        std::fs::create_dir_all(&case).expect("mkdir");
+        let mut damaged = bytes.clone();
+        let end = ((block + 1) * 4096).min(damaged.len());
+        damaged[block * 4096..end].fill(0xa5);
+        std::fs::write(case.join("outbox.redb"), &damaged).expect("write");
+        let ob = Outbox::open(&case, 100).unwrap_or_else(|e| panic!("block {block}: {e}"));
+        match ob.recovered() {
+            Some(why) => {
+                recovered += 1;
+                assert!(why.contains("moved to"), "{why}");
+                assert_eq!(
+                    ob.depth(),
+                    0,
+                    "block {block}: a recovered outbox starts empty"
+                );
+                let aside = std::fs::read_dir(&case)
+                    .expect("ls")
+                    .filter_map(Result::ok)
+                    .filter(|e| {
+                        e.file_name()
+                            .to_string_lossy()
+                            .starts_with("outbox.redb.damaged-")
+                    })
+                    .count();
+                assert_eq!(aside, 1, "block {block}: the damaged file is kept");
+            }
+            None => intact += 1,
+        }
+        ob.pending(None, 100).expect("pending");
+        ob.push(&[report("new", RunState::Completed)])
+            .expect("push");
+    }
+    assert!(
+        recovered > 0,
+        "no damaged block was detected ({intact} intact)"
+    );
+}
+
+#[test]
+fn an_empty_file_is_damage_not_a_new_outbox() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("outbox.redb"), b"").expect("write");
+    let ob = Outbox::open(dir.path(), 100).expect("open");
+    let why = ob.recovered().expect("an empty file is reported");
+    assert!(why.contains("zero bytes"), "{why}");
+    drop(ob);
+    let again = Outbox::open(dir.path(), 100).expect("reopen");
+    assert!(again.recovered().is_none(), "the new outbox is sound");
+}
