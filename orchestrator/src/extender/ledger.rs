@@ -373,6 +373,27 @@ impl Ledger {
             .clone()
     }
 
+    /// Devices held for gangs other than `except` (the asking pod's own gang), per node: the
+    /// slots of live reservations that no member has bound yet. They count as used for every
+    /// other pod, so a gang keeps what it reserved until its members bind (then the bind
+    /// counts instead) or the reservation lapses; and a second gang cannot reserve devices
+    /// the first is waiting for, so two gangs never each hold part of what both need.
+    pub fn reserved_by_node(&self, except: Option<&str>, now: f64) -> HashMap<String, u64> {
+        let g = self.lock();
+        let mut out: HashMap<String, u64> = HashMap::new();
+        for (key, r) in &g.gangs {
+            if r.expires_at <= now || except == Some(key.as_str()) {
+                continue;
+            }
+            for (slot, bound) in r.slots.iter().zip(&r.bound) {
+                if bound.is_none() {
+                    *out.entry(slot.node.clone()).or_default() += u64::from(slot.gpus);
+                }
+            }
+        }
+        out
+    }
+
     /// All live reservations (for `/state`).
     pub fn reservations(&self, now: f64) -> HashMap<String, Reservation> {
         let g = self.lock();
@@ -460,6 +481,29 @@ mod tests {
         assert!(r.bound.iter().all(Option::is_some), "{r:?}");
         // A pod outside any gang is not constrained.
         assert_eq!(l.take_slot("other", "t4-1", 4.0), Ok(None));
+    }
+
+    #[test]
+    fn unbound_slots_count_for_everyone_but_the_gang_until_bound_or_lapsed() {
+        let l = ledger(0.0);
+        let held = |except, now| {
+            let mut v: Vec<(String, u64)> = l.reserved_by_node(except, now).into_iter().collect();
+            v.sort();
+            v
+        };
+        assert_eq!(held(None, 1.0), [("t4-1".into(), 4), ("t4-2".into(), 8)]);
+        assert_eq!(
+            held(Some(KEY), 1.0),
+            [],
+            "the gang's own members see its slots free"
+        );
+        assert_eq!(held(Some("default/other"), 1.0).len(), 2);
+        // A bound slot is counted by the bind (assumed, then the Pod watch), not here.
+        claim(&l, "m2", 1.0).unwrap();
+        l.take_slot("m2", "t4-1", 2.0).unwrap();
+        assert_eq!(held(None, 2.0), [("t4-2".into(), 8)]);
+        // A lapsed reservation holds nothing.
+        assert_eq!(held(None, 121.0), []);
     }
 
     #[test]

@@ -16,6 +16,9 @@
 //!   reservation lives, each evaluated member claims one slot (see [`ledger`]): filter passes
 //!   only that slot's node, prioritize scores it 10 and the others 0, and bind refuses a node
 //!   where the member holds no slot. Members in flight together thus never share a slot.
+//!   Unbound slots count as used for every pod outside the gang
+//!   ([`Ledger::reserved_by_node`]): no other pod takes them, and another gang cannot reserve
+//!   them, so two gangs never deadlock each holding part of what it needs.
 //! - The exploration seed is a hash of the pod UID, so retries of a pod rank alike.
 //! - Every ranking is kept for `GET /explain/{namespace}/{pod}`.
 
@@ -338,9 +341,12 @@ impl Extender {
         self.ledger
             .saw(&facts.uid, facts.requests, gang_key.clone(), now);
         let index = self.index.read();
-        let assumed = self
+        let mut assumed = self
             .ledger
             .assumed_by_node(|uid| index.knows_bound_pod(uid), now);
+        for (node, gpus) in self.ledger.reserved_by_node(gang_key.as_deref(), now) {
+            assumed.entry(node).or_default().gpus += gpus;
+        }
         // scheduler-core expects unique names; kube-scheduler never repeats one, a client might.
         let mut seen = FastSet::with_capacity_and_hasher(names.len(), Default::default());
         // Nodes node monitoring excludes (rollout enabled) are not ranked; they are reported
