@@ -168,7 +168,7 @@ bad() { # bad <expected text in the error> <helm args...>
   fi
 }
 bad "unifiedResourceName" --set unifiedResourceName=gpu
-bad "/orchestrator/replicas" --set orchestrator.replicas=2
+bad "/orchestrator/replicas" --set orchestrator.replicas=6
 bad "/orchestrator/rollout/repository" --set orchestrator.rollout.enabled=true
 bad "/scheduler/schedulerName" --set scheduler.schedulerName=default-scheduler
 bad "/image/pullPolicy" --set image.pullPolicy=Sometimes
@@ -218,9 +218,10 @@ if [[ -x $bins/kudos-orchestrator ]]; then
     # standalone has no API server for TokenReview: reads open here (step 7 checks them)
     config_of ${v:+-f "$v"} | sed 's/^\( *\)read: kubernetes$/\1read: open/' > "$tmp/orchestrator.yaml"
     hp=$(free_port) gp=$(free_port)
-    # standalone, file store, rollout printed instead of pushed: no cluster or registry needed
+    # standalone, file store, rollout printed instead of pushed, one replica (no leader
+    # election): no cluster or registry needed
     "$bins/kudos-orchestrator" --config "$tmp/orchestrator.yaml" --standalone --dry-run-rollout \
-      --store file --store-path "$tmp/orchestrator.redb" --http-listen "127.0.0.1:$hp" \
+      --leader-elect=false --store file --store-path "$tmp/orchestrator.redb" --http-listen "127.0.0.1:$hp" \
       --grpc-listen "127.0.0.1:$gp" >"$tmp/orchestrator.log" 2>&1 &
     opid=$!
     ready=0
@@ -276,17 +277,29 @@ run_under_chart_rbac() {
   fi
   if [[ -x $bins/kudos-orchestrator ]] && sa_kubeconfig kudos-orchestrator "$tmp/orchestrator.kubeconfig"; then
     config_of > "$tmp/orchestrator.yaml"
+    # The default chart runs two replicas with leader election: the process runs as a pod of
+    # its own (a Pod object stands in for the one the Deployment would make), takes the Lease
+    # and labels that pod for the Service.
+    api -X POST -H 'Content-Type: application/json' \
+      -d '{"apiVersion":"v1","kind":"Pod","metadata":{"name":"kudos-orchestrator-chart-test"},"spec":{"serviceAccountName":"kudos-orchestrator","containers":[{"name":"o","image":"kudos/kudos-orchestrator"}]}}' \
+      "https://127.0.0.1:$port/api/v1/namespaces/kudos-system/pods" >/dev/null || fail "creating the orchestrator's stand-in Pod object"
     local hp; hp=$(free_port)
+    POD_NAME=kudos-orchestrator-chart-test POD_NAMESPACE=kudos-system \
     "$bins/kudos-orchestrator" --config "$tmp/orchestrator.yaml" --kubeconfig "$tmp/orchestrator.kubeconfig" \
       --http-listen "127.0.0.1:$hp" --grpc-listen "127.0.0.1:$(free_port)" >"$tmp/orchestrator-rbac.log" 2>&1 &
     opid=$!
-    local ready=0
+    local ready=0 body
     for _ in $(seq 1 240); do
-      if orch_curl -f "https://127.0.0.1:$hp/readyz" >/dev/null 2>&1; then ready=1; break; fi
+      # a standby answers /readyz too (ready spare capacity): wait for the leader's answer
+      if body=$(orch_curl -f "https://127.0.0.1:$hp/readyz" 2>/dev/null) && [[ $body != *standby* ]]; then ready=1; break; fi
       kill -0 "$opid" 2>/dev/null || break
       sleep 0.5
     done
     if ((ready)); then pass "orchestrator with the chart's config and RBAC syncs Nodes and Pods and is ready"; else fail "orchestrator under the chart's RBAC not ready:"$'\n'"$(tail -15 "$tmp/orchestrator-rbac.log")"; fi
+    local role
+    role=$(api "https://127.0.0.1:$port/api/v1/namespaces/kudos-system/pods/kudos-orchestrator-chart-test" \
+      | python3 -c 'import json, sys; print(json.load(sys.stdin)["metadata"].get("labels", {}).get("kudos.dev/role", ""))')
+    if [[ $role == leader ]]; then pass "the orchestrator holds Lease kudos-orchestrator and labels its pod kudos.dev/role=leader under the chart's RBAC"; else fail "the orchestrator's pod is not labelled leader (label: '$role')"; fi
     if [[ -n $(forbidden "$tmp/orchestrator-rbac.log") ]]; then fail "orchestrator refused by RBAC:"$'\n'"$(forbidden "$tmp/orchestrator-rbac.log")"; else pass "orchestrator logs no refused request"; fi
     # Reads through the real TokenReview and SubjectAccessReview with the chart's RBAC: the
     # admin (system:masters) may, kube-scheduler's ServiceAccount may not, no token gets 401;
@@ -359,7 +372,7 @@ else
     done
     # The check can fail: a misspelt field and a wrong type are refused.
     sed -e 's/^  updateStrategy:$/  updateStrategi:/' "$d" > "$tmp/typo.yaml"
-    sed -e 's/^  replicas: 1$/  replicas: "one"/' "$d" > "$tmp/type.yaml"
+    sed -e 's/^  replicas: 2$/  replicas: "two"/' "$d" > "$tmp/type.yaml"
     for f in "$tmp/typo.yaml" "$tmp/type.yaml"; do
       if out=$(apply "$f" 2>&1); then fail "kube-apiserver accepted broken $(basename "$f")"; else pass "kube-apiserver refuses broken $(basename "$f"): $(grep -m1 REFUSED <<<"$out" | cut -c1-160)"; fi
     done

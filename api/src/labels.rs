@@ -40,6 +40,14 @@ pub const PLUGIN_GROUP: &str = "kudos.dev/plugin-group";
 /// Annotation: the plugin-configuration generation the DaemonSet's image was derived at.
 pub const CONFIG_GENERATION: &str = "kudos.dev/config-generation";
 
+// === orchestrator replicas (written by the leader on its own pod) ===
+
+/// Label on the orchestrator pod that holds the leader Lease; the chart's Service selects it,
+/// so kube-scheduler, device plugins and node agents reach the leader alone.
+pub const ORCHESTRATOR_ROLE: &str = "kudos.dev/role";
+/// The value of [`ORCHESTRATOR_ROLE`] on the leader.
+pub const ROLE_LEADER: &str = "leader";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -47,6 +55,7 @@ mod tests {
     #[test]
     fn every_key_is_a_qualified_name_under_the_domain() {
         for key in [
+            ORCHESTRATOR_ROLE,
             CLASS,
             WORK,
             PROGRESS,

@@ -103,6 +103,9 @@ pub struct FileConfig {
     /// [`crate::rollout::config`].
     #[serde(default)]
     pub rollout: crate::rollout::config::RolloutFileConfig,
+    /// Several replicas, one leading (off by default); see [`crate::leader`].
+    #[serde(default)]
+    pub leader_election: crate::leader::LeaderElectionFile,
 }
 
 /// Listen addresses.
@@ -393,6 +396,8 @@ pub struct Settings {
     pub pod_scheduler_name: Option<String>,
     /// Period of the `kubectl get` objects, if they are written.
     pub publish_interval: Option<Duration>,
+    /// Leader election, when several replicas run.
+    pub leader_election: Option<crate::leader::ElectionConfig>,
 }
 
 fn positive_secs(field: &'static str, v: f64) -> Result<Duration, ConfigError> {
@@ -413,6 +418,12 @@ impl Settings {
             Some(p) => FileConfig::load(p)?,
             None => FileConfig::default(),
         };
+        Self::merge(args, file)
+    }
+
+    /// [`Self::resolve`] with the file already parsed: reads no file named in `file` (token
+    /// and certificate files are read when the servers start).
+    pub fn merge(args: &crate::Args, file: FileConfig) -> Result<Self, ConfigError> {
         let unified = args
             .unified_resource_name
             .clone()
@@ -482,7 +493,20 @@ impl Settings {
             field: "scheduler",
             reason: e.to_string(),
         })?;
+        let store_kind = args.store.or(file.store.kind).unwrap_or_default();
+        let store_namespace = file
+            .store
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "kudos-system".to_owned());
+        let leader_election = crate::leader::resolve(
+            &file.leader_election,
+            args.leader_elect,
+            store_kind,
+            &store_namespace,
+        )?;
         Ok(Settings {
+            leader_election,
             unified_resource_name: unified,
             http_listen: args
                 .http_listen
@@ -505,16 +529,13 @@ impl Settings {
             max_concurrent_requests,
             max_connections,
             header_read_timeout,
-            store_kind: args.store.or(file.store.kind).unwrap_or_default(),
+            store_kind,
             store_path: args
                 .store_path
                 .clone()
                 .or(file.store.path)
                 .unwrap_or_else(|| PathBuf::from("kudos-orchestrator.redb")),
-            store_namespace: file
-                .store
-                .namespace
-                .unwrap_or_else(|| "kudos-system".to_owned()),
+            store_namespace,
             store_name: file
                 .store
                 .name

@@ -33,6 +33,7 @@ pub mod health;
 pub mod http;
 pub mod index;
 pub mod kobj;
+pub mod leader;
 pub mod learn;
 pub mod limits;
 pub mod metrics;
@@ -118,6 +119,11 @@ pub struct Args {
     /// of pushing images and applying; implies --rollout [file: rollout.dryRun; default false].
     #[arg(long, env = "KUDOS_DRY_RUN_ROLLOUT", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub dry_run_rollout: Option<bool>,
+    /// Run as one of several replicas: the holder of a Lease serves, the others wait as
+    /// standbys (not ready) and take over when it stops; needs the ConfigMap store
+    /// [file: leaderElection.enabled; default false].
+    #[arg(long, env = "KUDOS_LEADER_ELECT", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub leader_elect: Option<bool>,
     /// Logging.
     #[command(flatten)]
     pub log: kudos_common::LogArgs,
@@ -375,6 +381,17 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         .context("invalid `scheduler` section of the config")?;
     let client = kube_client(&s).await?;
     let cluster = client.is_some();
+    // With leader election, everything below (the store, the servers, the rollout) starts
+    // only once this replica leads.
+    let mut leadership = match (&s.leader_election, &client) {
+        (Some(cfg), Some(c)) => {
+            Some(leader::standby_until_leader(s.http_listen, c.clone(), cfg.clone()).await?)
+        }
+        (Some(_), None) => anyhow::bail!(
+            "leader election is on but there is no cluster (standalone mode): run one replica without --leader-elect, or give it a kubeconfig"
+        ),
+        (None, _) => None,
+    };
     let metrics = Arc::new(metrics::Metrics::new());
     let (store, loaded) = open_store(&s, client.as_ref(), &metrics).await?;
     let auth = authenticator(&s, client.as_ref())?;
@@ -537,10 +554,20 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let shutdown = kudos_common::shutdown_signal();
     tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            _ = tick.tick() => snapshot(&index, &*store, &mut saved_seq).await,
+    {
+        let lost = async {
+            match leadership.as_mut() {
+                Some(l) => l.lost().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(lost);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = &mut lost => break,
+                _ = tick.tick() => snapshot(&index, &*store, &mut saved_seq).await,
+            }
         }
     }
     tracing::info!("draining");
@@ -562,7 +589,19 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         }
         Err(_) => tracing::warn!("servers did not drain within {DRAIN_TIMEOUT:?}; stopping anyway"),
     }
-    snapshot(&index, &*store, &mut saved_seq).await;
+    match leadership {
+        Some(l) if l.is_lost() => {
+            // Another replica may lead already: no last snapshot from here.
+            anyhow::bail!(
+                "lost the leader Lease; exiting so that the restarted process rejoins as a standby"
+            );
+        }
+        Some(l) => {
+            snapshot(&index, &*store, &mut saved_seq).await;
+            l.release().await;
+        }
+        None => snapshot(&index, &*store, &mut saved_seq).await,
+    }
     tracing::info!("stopped");
     Ok(())
 }

@@ -187,6 +187,12 @@ impl Store for ConfigMapStore {
                 )))
             })?;
             self.update(|d| {
+                // Never go back: a replica that lost the leader Lease may still be saving an
+                // older snapshot while the new leader saved a newer one and pruned the runs
+                // between the two.
+                if d.model_seq > applied_seq {
+                    return;
+                }
                 d.model = Some(text.clone());
                 d.model_seq = applied_seq;
                 d.runs.retain(|r| r.seq > applied_seq);

@@ -37,6 +37,8 @@ pub struct OrchestratorOptions {
     pub static_token_nodes: Option<Vec<String>>,
     /// Flags appended last (`--config=...`, `--store=config-map`, `--log-level=...`).
     pub extra: Vec<String>,
+    /// Environment variables set for the process (`POD_NAME`, ...).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for OrchestratorOptions {
@@ -46,6 +48,7 @@ impl Default for OrchestratorOptions {
             kubeconfig: None,
             static_token_nodes: Some(Vec::new()),
             extra: Vec::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -73,6 +76,46 @@ impl Orchestrator {
     /// log (`kudos-orchestrator.log`, appended across restarts) under `dir`. Waits for
     /// `/readyz`.
     pub async fn start_with(dir: &Path, opts: &OrchestratorOptions) -> Result<Self> {
+        let mut orch = Self::spawn(dir, opts)?;
+        orch.wait_ready(Duration::from_secs(60)).await?;
+        Ok(orch)
+    }
+
+    /// Starts a replica that is expected to wait as a leader-election standby (`opts.extra`
+    /// has `--leader-elect`): returns once `/healthz` answers, whether or not it leads.
+    pub async fn start_standby(dir: &Path, opts: &OrchestratorOptions) -> Result<Self> {
+        let mut orch = Self::spawn(dir, opts)?;
+        let addr = orch.http_addr.clone();
+        orch.proc
+            .wait_ready("/healthz", Duration::from_secs(60), async || {
+                let r = http::request("GET", &addr, "/healthz", None).ok()?;
+                (r.status == 200).then_some(())
+            })
+            .await?;
+        Ok(orch)
+    }
+
+    /// Waits until `/readyz` answers 200 and the gRPC port takes connections (a standby:
+    /// until it leads).
+    pub async fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let (http_addr, grpc_addr) = (self.http_addr.clone(), self.grpc_addr.clone());
+        // `/readyz` can answer before the gRPC server listens: wait for both.
+        self.proc
+            .wait_ready("/readyz and gRPC", timeout, async || {
+                let r = http::request("GET", &http_addr, "/readyz", None).ok()?;
+                std::net::TcpStream::connect(&grpc_addr).ok()?;
+                (r.status == 200).then_some(())
+            })
+            .await
+    }
+
+    /// `GET /readyz`: status and body.
+    pub fn readyz(&self) -> Result<(u16, String)> {
+        let r = http::request("GET", &self.http_addr, "/readyz", None)?;
+        Ok((r.status, String::from_utf8_lossy(&r.body).into_owned()))
+    }
+
+    fn spawn(dir: &Path, opts: &OrchestratorOptions) -> Result<Self> {
         let (hp, gp) = (free_port(), free_port());
         let mut cmd = Command::new(&opts.bin);
         cmd.args([
@@ -104,25 +147,17 @@ impl Orchestrator {
             }
         }
         cmd.args(&opts.extra);
+        cmd.envs(opts.env.iter().map(|(k, v)| (k, v)));
         cmd.env(
             "KUDOS_LOG",
             std::env::var("KUDOS_E2E_RUST_LOG").unwrap_or_else(|_| "info".into()),
         );
         let log = dir.join("kudos-orchestrator.log");
-        let mut proc = Proc::spawn("kudos-orchestrator", cmd, &log)?;
-        let http_addr = format!("127.0.0.1:{hp}");
-        let grpc_addr = format!("127.0.0.1:{gp}");
-        // `/readyz` can answer before the gRPC server listens: wait for both.
-        proc.wait_ready("/readyz and gRPC", Duration::from_secs(60), async || {
-            let r = http::request("GET", &http_addr, "/readyz", None).ok()?;
-            std::net::TcpStream::connect(&grpc_addr).ok()?;
-            (r.status == 200).then_some(())
-        })
-        .await?;
+        let proc = Proc::spawn("kudos-orchestrator", cmd, &log)?;
         Ok(Self {
             proc,
-            http_addr,
-            grpc_addr,
+            http_addr: format!("127.0.0.1:{hp}"),
+            grpc_addr: format!("127.0.0.1:{gp}"),
         })
     }
 

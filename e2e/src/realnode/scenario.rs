@@ -151,6 +151,8 @@ pub async fn install(
         "scheduler.image.repository=kudos/kube-scheduler".into(),
         "scheduler.image.tag=v1.37.2".into(),
         "scheduler.replicas=1".into(),
+        // Every pod here shares the host's network: a standby would find its ports taken.
+        "orchestrator.replicas=1".into(),
         format!("scheduler.securePort={}", crate::proc::free_port()),
     ])?;
     cluster.start_scheduler(None)?;

@@ -113,6 +113,7 @@ async fn kubectl_get_shows_nodes_and_what_each_class_learned() -> anyhow::Result
             kubeconfig: Some(cp.kubeconfig.clone()),
             static_token_nodes: Some(vec!["t4-node".into(), "v100-node".into()]),
             extra: vec![format!("--config={}", config.display())],
+            ..OrchestratorOptions::default()
         },
     )
     .await?;

@@ -29,6 +29,7 @@ fn options(
         kubeconfig: kubeconfig.map(Into::into),
         static_token_nodes: Some(vec![node.into()]),
         extra: extra.to_vec(),
+        ..OrchestratorOptions::default()
     }
 }
 

@@ -71,6 +71,7 @@ async fn token_review_binds_callers_to_their_node() -> anyhow::Result<()> {
             kubeconfig: Some(cp.kubeconfig.clone()),
             static_token_nodes: None,
             extra: Vec::new(),
+            ..OrchestratorOptions::default()
         },
     )
     .await?;
