@@ -1,0 +1,4 @@
+#![no_main]
+//! libFuzzer entry for `kudos_fuzz::grpc`; see that module for the input format.
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| kudos_fuzz::grpc::run(data));
