@@ -135,6 +135,9 @@ pub struct SchedulerConfig {
     /// Keyed runs remembered so that a run's snapshots replace each other (bounds the ledger;
     /// the oldest run is forgotten first, and withdrawn if it was still in progress).
     pub max_tracked_runs: usize,
+    /// Classes (and `class#g` shapes) the model keeps; a new one beyond this replaces the least
+    /// recently observed (class names are user input, so the model's size must not follow them).
+    pub max_classes: usize,
     /// Vendors whose devices a pod may use when neither the pod (`kudos.dev/vendors`) nor its
     /// class (`allowed_vendors`) names any. Default `[nvidia]`: an image built for one vendor's
     /// runtime (CUDA, most of them) fails on another's devices, and every vendor registers the
@@ -162,6 +165,7 @@ impl Default for SchedulerConfig {
             enable_transfer: true,
             prediction_review_weight: 4.0,
             max_tracked_runs: 10_000,
+            max_classes: 2_048,
             default_vendors: vec!["nvidia".to_owned()],
         }
     }
@@ -254,6 +258,8 @@ impl SchedulerConfig {
             (1.0..=1e7).contains(&r),
             "1..=10000000",
         )?;
+        let c = self.max_classes as f64;
+        check("max_classes", c, (1.0..=1e6).contains(&c), "1..=1000000")?;
         for (model, speed) in &self.capability_overrides {
             check(
                 &format!("capability_overrides.{model}"),

@@ -287,7 +287,11 @@ pub fn observe_run(
     let replaced_node = previous.map(|e| e.node);
 
     let window = config.history_window;
+    if !state.classes.contains_key(&class_key) {
+        state.evict_classes_beyond(config.max_classes.saturating_sub(1));
+    }
     let class = state.classes.entry(class_key.clone()).or_default();
+    class.last_seen = class.last_seen.max(run.end);
     class
         .cells
         .entry(key.clone())

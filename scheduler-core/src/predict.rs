@@ -302,6 +302,10 @@ pub(crate) struct ClassState {
     /// behave alike on the profiles both have run on (see [`ModelState::refit`]).
     #[serde(default)]
     pub transfer: BTreeMap<String, (f64, f64)>,
+    /// End time of the class's latest observation: with `max_classes` classes, a new one
+    /// replaces the least recently seen.
+    #[serde(default)]
+    pub last_seen: f64,
 }
 
 /// A fitted profile effect of the transfer model.
@@ -339,6 +343,27 @@ impl ModelState {
     /// [`crate::vendor_outcomes`]).
     pub fn vendor_excluded(&self, class: &str, vendor: &str) -> Option<String> {
         self.vendor_outcomes.excluded(class, vendor)
+    }
+
+    /// Forgets the least recently observed classes until at most `keep` remain: class names
+    /// are user input (a label on any pod), so the model must not grow with them. Returns the
+    /// classes forgotten. One scan per class forgotten, which happens once per new class at
+    /// the limit.
+    pub(crate) fn evict_classes_beyond(&mut self, keep: usize) -> Vec<String> {
+        let mut evicted = Vec::new();
+        while self.classes.len() > keep {
+            let Some(oldest) = self
+                .classes
+                .iter()
+                .min_by(|a, b| a.1.last_seen.total_cmp(&b.1.last_seen))
+                .map(|(k, _)| k.clone())
+            else {
+                break;
+            };
+            self.classes.remove(&oldest);
+            evicted.push(oldest);
+        }
+        evicted
     }
 
     /// Runs observed in total.

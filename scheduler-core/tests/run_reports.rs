@@ -147,3 +147,37 @@ fn in_progress_needs_progress_or_work() {
     r.work_units = Some(50.0);
     assert!(s.observe_run("pod-d", &r, 100.0).is_ok());
 }
+
+/// Class names are user input: at `max_classes` a new class replaces the least recently
+/// observed one, so the model's size does not follow the number of labels ever used.
+#[test]
+fn the_least_recently_seen_class_makes_room_for_a_new_one() {
+    let mut s = Scheduler::new(SchedulerConfig {
+        max_classes: 3,
+        ..SchedulerConfig::default()
+    });
+    let run = |class: &str, end: f64| RunObservation {
+        class: class.into(),
+        ..report("n1", end - 100.0, end, 50.0, true)
+    };
+    for (i, c) in ["a", "b", "c"].iter().enumerate() {
+        s.observe(&run(c, 1000.0 * (i as f64 + 1.0)), 5000.0)
+            .expect("observe");
+    }
+    // a is seen again, so b is now the least recently seen.
+    s.observe(&run("a", 4000.0), 5000.0).expect("observe");
+    s.observe(&run("d", 5000.0), 5000.0).expect("observe");
+    let mut classes: Vec<&str> = s.state().classes().collect();
+    classes.sort_unstable();
+    assert_eq!(classes, ["a", "c", "d"]);
+    assert_eq!(s.state().node_runs("b", "n1"), 0);
+    assert_eq!(s.state().node_runs("a", "n1"), 2);
+    // Survives a snapshot.
+    let json = serde_json::to_string(s.state()).expect("serialise");
+    assert!(json.contains("last_seen"), "{json}");
+    let bad = SchedulerConfig {
+        max_classes: 0,
+        ..SchedulerConfig::default()
+    };
+    assert!(bad.validate().is_err());
+}
