@@ -330,6 +330,9 @@ pub async fn run_heartbeats(
 ) {
     let mut client = TelemetryServiceClient::new(channel);
     let mut period = cfg.heartbeat_period;
+    // Failures in a row: the first is a warning (the orchestrator marks this node stale after
+    // a few), repeats are debug, and recovery is said once.
+    let mut failing = 0u64;
     loop {
         let req = HeartbeatRequest {
             node: cfg.node.clone(),
@@ -354,10 +357,19 @@ pub async fn run_heartbeats(
                 if resp.interval_seconds > 0 {
                     period = Duration::from_secs(u64::from(resp.interval_seconds).clamp(1, 600));
                 }
+                if failing > 0 {
+                    tracing::info!(failed = failing, "heartbeats reach the orchestrator again");
+                }
+                failing = 0;
                 "ok"
             }
             Err(e) => {
-                tracing::debug!(error = %e, "heartbeat failed");
+                failing += 1;
+                if failing == 1 {
+                    tracing::warn!(error = %e, "heartbeat failed: the orchestrator will mark this node stale (no new GPU pods) if this goes on; retrying every period");
+                } else {
+                    tracing::debug!(error = %e, failed = failing, "heartbeat failed again");
+                }
                 "error"
             }
         };
