@@ -283,8 +283,12 @@ async fn metrics(State(s): St, headers: axum::http::HeaderMap) -> Result<Respons
 
 async fn explain(
     State(s): St,
-    Path((namespace, pod)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, axum::extract::rejection::PathRejection>,
 ) -> Result<Response, AppError> {
+    // axum's own rejection is plain text; every error here is JSON (found by fuzzing: a
+    // percent-encoded namespace that is not UTF-8).
+    let Path((namespace, pod)) =
+        path.map_err(|e| AppError::BadRequest(format!("invalid path: {}", e.body_text())))?;
     let _permit = heavy(&s)?;
     let e = s.extender.explain.get(&namespace, &pod).ok_or_else(|| {
         AppError::NotFound(format!(

@@ -297,6 +297,21 @@ async fn bind_counts_against_free_devices() {
     assert!(v["FailedNodes"]["gpu-c"].is_string());
 }
 
+/// Every refusal is a JSON error, also when axum itself refuses the path (a percent-encoded
+/// namespace that is not UTF-8; found by the extender fuzz target).
+#[tokio::test]
+async fn explain_refuses_a_bad_path_with_a_json_error() {
+    let app = mk_app(standard_index());
+    let (s, v) = get(&app, "/explain/%ff/pod").await;
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("invalid path")),
+        "{v}"
+    );
+}
+
 #[tokio::test]
 async fn explain_returns_last_ranking() {
     let app = mk_app(standard_index());
