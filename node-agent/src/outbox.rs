@@ -69,7 +69,14 @@ impl OutboxError {
         match self {
             OutboxError::Damaged(_) => true,
             OutboxError::Store(e) => match e.as_ref() {
-                redb::Error::Corrupted(_) | redb::Error::RepairAborted => true,
+                // The outbox's tables always have the same types: a file that says
+                // otherwise is damaged.
+                redb::Error::Corrupted(_)
+                | redb::Error::RepairAborted
+                | redb::Error::TableTypeMismatch { .. }
+                | redb::Error::TableIsMultimap(_)
+                | redb::Error::TableIsNotMultimap(_)
+                | redb::Error::TypeDefinitionChanged { .. } => true,
                 redb::Error::Io(io) => matches!(
                     io.kind(),
                     std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof

@@ -278,9 +278,16 @@ fn damage_kind(e: &StoreError) -> Option<&'static str> {
     match e {
         StoreError::Damaged(_) => Some("panic"),
         StoreError::Json(_) => Some("undecodable"),
-        StoreError::Redb(redb::Error::Corrupted(_) | redb::Error::RepairAborted) => {
-            Some("corrupted")
-        }
+        // Our tables always have the same types: a file that says otherwise is damaged (found
+        // by the store fuzz target: a patched table header made the open fail for good).
+        StoreError::Redb(
+            redb::Error::Corrupted(_)
+            | redb::Error::RepairAborted
+            | redb::Error::TableTypeMismatch { .. }
+            | redb::Error::TableIsMultimap(_)
+            | redb::Error::TableIsNotMultimap(_)
+            | redb::Error::TypeDefinitionChanged { .. },
+        ) => Some("corrupted"),
         StoreError::Redb(redb::Error::Io(io))
             if matches!(
                 io.kind(),
@@ -430,6 +437,27 @@ mod tests {
         let (_, loaded) = FileStore::open_checked(&path, &m).unwrap();
         assert_eq!(loaded.known_reports, 1);
         assert_eq!(damaged_files(dir.path()).len(), 1);
+    }
+
+    /// A file whose `runs` table has other types than ours (a damaged table header, found by
+    /// the store fuzz target) is damaged, not a reason to refuse to start.
+    #[tokio::test]
+    async fn a_table_of_the_wrong_type_is_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        {
+            let db = Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(TableDefinition::<&str, &str>::new("runs"))
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        let m = Metrics::new();
+        let (s, loaded) = FileStore::open_checked(&path, &m).unwrap();
+        assert_eq!(loaded.known_reports, 0);
+        assert_eq!(recoveries(&m, "corrupted"), 1);
+        assert_eq!(damaged_files(dir.path()).len(), 1);
+        assert_eq!(s.append_run(run("a")).await.unwrap(), Appended::Stored(1));
     }
 
     /// A damaged 4 KiB block made redb panic: every block of a store, damaged in turn, opens

@@ -211,3 +211,20 @@ fn an_empty_file_is_damage_not_a_new_outbox() {
     let again = Outbox::open(dir.path(), 100).expect("reopen");
     assert!(again.recovered().is_none(), "the new outbox is sound");
 }
+
+/// A file whose `reports` table has other types than ours is damage: set aside, not a reason
+/// to refuse to start.
+#[test]
+fn a_table_of_the_wrong_type_is_damage() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let db = redb::Database::create(dir.path().join("outbox.redb")).expect("create");
+        let txn = db.begin_write().expect("txn");
+        txn.open_table(redb::TableDefinition::<&str, &str>::new("reports"))
+            .expect("table");
+        txn.commit().expect("commit");
+    }
+    let ob = Outbox::open(dir.path(), 100).expect("open");
+    assert!(ob.recovered().is_some());
+    ob.push(&[report("a", RunState::Completed)]).expect("push");
+}
