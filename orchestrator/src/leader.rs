@@ -308,8 +308,10 @@ async fn attempt(
         .await
     {
         Ok(_) => Ok(Attempt::Held),
-        // Someone wrote in between: look again next time.
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(Attempt::HeldBy(holder)),
+        // Someone wrote in between: look again next time. For our own renewal that is not a
+        // loss (an edit of the object's labels conflicts too): an error, which the renew
+        // deadline bounds, instead of `HeldBy` ourselves.
+        Err(kube::Error::Api(e)) if e.code == 409 && !ours => Ok(Attempt::HeldBy(holder)),
         Err(e) => Err(e),
     }
 }
