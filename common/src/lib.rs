@@ -3,6 +3,8 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+#[cfg(feature = "redb")]
+pub mod damaged_file;
 pub mod duration;
 pub mod exposition;
 pub mod grpc_tls;

@@ -68,21 +68,7 @@ impl OutboxError {
     fn is_damage(&self) -> bool {
         match self {
             OutboxError::Damaged(_) => true,
-            OutboxError::Store(e) => match e.as_ref() {
-                // The outbox's tables always have the same types: a file that says
-                // otherwise is damaged.
-                redb::Error::Corrupted(_)
-                | redb::Error::RepairAborted
-                | redb::Error::TableTypeMismatch { .. }
-                | redb::Error::TableIsMultimap(_)
-                | redb::Error::TableIsNotMultimap(_)
-                | redb::Error::TypeDefinitionChanged { .. } => true,
-                redb::Error::Io(io) => matches!(
-                    io.kind(),
-                    std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof
-                ),
-                _ => false,
-            },
+            OutboxError::Store(e) => kudos_common::damaged_file::is_damage(e),
             OutboxError::Io { .. } => false,
         }
     }
@@ -90,14 +76,7 @@ impl OutboxError {
 
 /// Calls `f`, turning a panic inside redb into [`OutboxError::Damaged`].
 fn guarded<T>(f: impl FnOnce() -> Result<T, OutboxError>) -> Result<T, OutboxError> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
-        let msg = p
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-            .unwrap_or_else(|| "panic without a message".into());
-        Err(OutboxError::Damaged(msg))
-    })
+    kudos_common::damaged_file::catch_panic(f, OutboxError::Damaged)
 }
 
 impl<E: Into<redb::Error>> From<E> for OutboxError {
@@ -160,11 +139,7 @@ impl Outbox {
                 other => return other,
             },
         };
-        let secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let aside = dir.join(format!("outbox.redb.damaged-{secs}"));
-        std::fs::rename(&file, &aside).map_err(io_error(&file))?;
+        let aside = kudos_common::damaged_file::move_aside(&file).map_err(io_error(&file))?;
         tracing::error!(
             path = %file.display(),
             moved_to = %aside.display(),

@@ -120,7 +120,7 @@ pub struct Args {
     #[arg(long, env = "KUDOS_DRY_RUN_ROLLOUT", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub dry_run_rollout: Option<bool>,
     /// Run as one of several replicas: the holder of a Lease serves, the others wait as
-    /// standbys (not ready) and take over when it stops; needs the ConfigMap store
+    /// standbys (answering only their probes) and take over when it stops; needs the ConfigMap store
     /// [file: leaderElection.enabled; default false].
     #[arg(long, env = "KUDOS_LEADER_ELECT", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub leader_elect: Option<bool>,

@@ -153,15 +153,11 @@ impl FileStore {
             },
         };
         let (kind, why) = damage;
-        let secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let mut aside = path.as_os_str().to_owned();
-        aside.push(format!(".damaged-{secs}"));
-        let aside = std::path::PathBuf::from(aside);
-        std::fs::rename(path, &aside).map_err(|source| StoreError::MoveAside {
-            path: path.to_owned(),
-            source,
+        let aside = kudos_common::damaged_file::move_aside(path).map_err(|source| {
+            StoreError::MoveAside {
+                path: path.to_owned(),
+                source,
+            }
         })?;
         metrics
             .store_recoveries
@@ -278,38 +274,14 @@ fn damage_kind(e: &StoreError) -> Option<&'static str> {
     match e {
         StoreError::Damaged(_) => Some("panic"),
         StoreError::Json(_) => Some("undecodable"),
-        // Our tables always have the same types: a file that says otherwise is damaged (found
-        // by the store fuzz target: a patched table header made the open fail for good).
-        StoreError::Redb(
-            redb::Error::Corrupted(_)
-            | redb::Error::RepairAborted
-            | redb::Error::TableTypeMismatch { .. }
-            | redb::Error::TableIsMultimap(_)
-            | redb::Error::TableIsNotMultimap(_)
-            | redb::Error::TypeDefinitionChanged { .. },
-        ) => Some("corrupted"),
-        StoreError::Redb(redb::Error::Io(io))
-            if matches!(
-                io.kind(),
-                std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof
-            ) =>
-        {
-            Some("corrupted")
-        }
+        StoreError::Redb(e) if kudos_common::damaged_file::is_damage(e) => Some("corrupted"),
         _ => None,
     }
 }
 
 /// Calls `f`, turning a panic into [`StoreError::Damaged`].
 fn guarded<T>(f: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
-        let msg = p
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| p.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "panic without a message".into());
-        Err(StoreError::Damaged(msg))
-    })
+    kudos_common::damaged_file::catch_panic(f, StoreError::Damaged)
 }
 
 impl Store for FileStore {
