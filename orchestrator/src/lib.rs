@@ -589,18 +589,15 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         }
         Err(_) => tracing::warn!("servers did not drain within {DRAIN_TIMEOUT:?}; stopping anyway"),
     }
-    match leadership {
-        Some(l) if l.is_lost() => {
-            // Another replica may lead already: no last snapshot from here.
-            anyhow::bail!(
-                "lost the leader Lease; exiting so that the restarted process rejoins as a standby"
-            );
-        }
-        Some(l) => {
-            snapshot(&index, &*store, &mut saved_seq).await;
-            l.release().await;
-        }
-        None => snapshot(&index, &*store, &mut saved_seq).await,
+    if leadership.as_ref().is_some_and(leader::Leadership::is_lost) {
+        // Another replica may lead already: no last snapshot from here.
+        anyhow::bail!(
+            "lost the leader Lease; exiting so that the restarted process rejoins as a standby"
+        );
+    }
+    snapshot(&index, &*store, &mut saved_seq).await;
+    if let Some(l) = leadership {
+        l.release().await;
     }
     tracing::info!("stopped");
     Ok(())
