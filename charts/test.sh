@@ -56,6 +56,7 @@ orchestrator:
 scheduler: {schedulerName: gpu-scheduler, replicas: 1, image: {tag: v1.35.0}, extender: {ignorable: true}}
 tls: {mode: existingSecret, existingSecret: my-tls, existingClientSecret: my-client-tls}
 uninstall: {deleteState: true}
+dra: {allocationApi: auto, vendorClasses: [nvidia]}
 V
 cat > "$tmp/minimal.yaml" <<'V'
 scheduler: {enabled: false}
@@ -123,6 +124,11 @@ hasnt $d "mountPath: /dev" "by default the NVIDIA toolkit delivers the device no
 count $c "value: /run/kudos/nvml-lib/libnvidia-ml.so.1" 2 "driverLibraryDir set: plugin and agent load NVML from the host driver directory"
 count $d "name: NVIDIA_VISIBLE_DEVICES" 2 "plugin and agent ask the NVIDIA toolkit for the devices"
 count $d "automountServiceAccountToken: false" 1 "only the device plugin (no API calls) goes without an API token"
+hasnt $d "kind: DeviceClass" "no DeviceClasses unless dra.allocationApi asks for DRA"
+has $c "extendedResourceName: accel.example.com/device" "DRA: kudos-gpu backs the unified name (KEP-5004)"
+count $c "kind: DeviceClass" 2 "DRA: kudos-gpu plus one class per listed vendor"
+has $c "allocationApi: auto" "DRA: the orchestrator gets the allocation-API policy"
+has $c "path: /var/snap/microk8s/common/var/lib/kubelet/plugins_registry" "DRA: the plugin reaches the kubelet's plugin registry under kubeletDir"
 has $d "{key: kudos.dev/plugin-group, operator: DoesNotExist}" "bootstrap plugin stays off nodes a rendered plugin group owns"
 has $d "resourceNames: [kudos-scheduler]" "scheduler may update only its own lease"
 has $d "helm.sh/hook: post-delete" "uninstall cleanup Job is a post-delete hook"
@@ -138,7 +144,7 @@ hasnt "$tmp/rbac-default.yaml" "resources: [daemonsets]" "rollout off: orchestra
 hasnt "$tmp/rbac-default.yaml" "verbs: [patch]" "rollout off: orchestrator cannot label nodes"
 has "$tmp/rbac-custom.yaml" "resources: [daemonsets]" "rollout on: orchestrator manages plugin DaemonSets"
 has $d "kind: Secret" "self-signed TLS Secret by default"
-count $c "accel.example.com/device" 8 "custom resource name reaches config, plugin, agent, scheduler and webhook (rollout copies the plugin pod)"
+count $c "accel.example.com/device" 10 "custom resource name reaches config, plugin, agent, scheduler, webhook (rollout copies the plugin pod) and the DRA DeviceClass (field and comment)"
 has $c "image: registry.example.com/ml/kudos/kudos-device-plugin:1.2.3" "custom registry and tag"
 count $c "runtimeClassName: nvidia" 2 "runtime class on plugin and agent"
 has $c "path: /var/snap/microk8s/common/var/lib/kubelet/device-plugins" "custom kubelet directory"

@@ -108,7 +108,7 @@ fn syntax(what: &'static str, value: &str, expected: &'static str) -> BoundsErro
 
 /// Whether `s` is a DNS-1123 label: lowercase alphanumerics and `-`, alphanumeric at both
 /// ends (length checked by the caller).
-fn is_dns_label(s: &str) -> bool {
+pub fn is_dns_label(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.iter()

@@ -32,6 +32,10 @@ pub const GPU_VENDOR: &str = "kudos.dev/gpu-vendor";
 pub const GPU_MODEL: &str = "kudos.dev/gpu-model";
 /// Node label: memory per GPU in bytes.
 pub const GPU_MEMORY_BYTES: &str = "kudos.dev/gpu-memory-bytes";
+/// Node label: how the node's kubelet allocates the unified resource, `dra` or
+/// `device-plugin` ([`crate::dra::AllocationApi`]); overrides the orchestrator's policy for
+/// that node.
+pub const ALLOCATION_API: &str = "kudos.dev/allocation-api";
 
 // === plugin DaemonSets (written by the rollout) ===
 
@@ -55,6 +59,7 @@ mod tests {
     #[test]
     fn every_key_is_a_qualified_name_under_the_domain() {
         for key in [
+            ALLOCATION_API,
             ORCHESTRATOR_ROLE,
             CLASS,
             WORK,

@@ -10,6 +10,8 @@
 //! - [`bounds`]: input limits both ends of every protocol enforce, with validators that
 //!   return a typed [`bounds::BoundsError`].
 //! - [`resource_name`]: the default unified resource name and the kubelet's rules for one.
+//! - [`dra`]: the DRA driver, DeviceClass and attribute names, device names, and which
+//!   allocation API a node uses.
 //! - [`plugin_config`]: the persisted plugin configuration (`node → vendor → devices`, the
 //!   generation and the derived images), written by the orchestrator and read by the rollout.
 //! - [`config::v1`]: the versioned per-vendor file the rollout bakes into a derived image and
@@ -22,6 +24,7 @@
 
 pub mod bounds;
 pub mod config;
+pub mod dra;
 pub mod env;
 pub mod labels;
 pub mod plugin_config;

@@ -109,21 +109,49 @@ pub async fn report_plugin(
     model: &str,
     n: u32,
 ) -> Result<(String, u64)> {
-    use kudos_proto::kudos::v1::{
-        Device, ReportPluginRequest, registry_service_client::RegistryServiceClient,
-    };
-    let mut client = RegistryServiceClient::new(connect_as(grpc_addr, node).await?);
-    let devices = (0..n)
-        .map(|i| Device {
+    let r = report_plugin_devices(
+        grpc_addr,
+        node,
+        vendor,
+        vendor_resource,
+        plugin_devices(node, model, n, n),
+    )
+    .await?;
+    Ok((r.unified_resource_name, r.generation))
+}
+
+/// `n` devices of `model` as a plugin on `node` reports them, the first `healthy` healthy.
+pub fn plugin_devices(
+    node: &str,
+    model: &str,
+    n: u32,
+    healthy: u32,
+) -> Vec<kudos_proto::kudos::v1::Device> {
+    (0..n)
+        .map(|i| kudos_proto::kudos::v1::Device {
             id: format!("nv-GPU-{node}-{i}"),
             model: model.to_string(),
             memory_bytes: 16 << 30,
             uuid: format!("GPU-{node}-{i}"),
             numa_node: Some(0),
-            healthy: true,
+            healthy: i < healthy,
         })
-        .collect();
-    let r = client
+        .collect()
+}
+
+/// Sends `ReportPlugin` for `node` with these devices; returns the whole answer.
+pub async fn report_plugin_devices(
+    grpc_addr: &str,
+    node: &str,
+    vendor: &str,
+    vendor_resource: &str,
+    devices: Vec<kudos_proto::kudos::v1::Device>,
+) -> Result<kudos_proto::kudos::v1::ReportPluginResponse> {
+    use kudos_proto::kudos::v1::{
+        ReportPluginRequest, registry_service_client::RegistryServiceClient,
+    };
+    let mut client = RegistryServiceClient::new(connect_as(grpc_addr, node).await?);
+    Ok(client
         .report_plugin(ReportPluginRequest {
             node: node.to_string(),
             vendor: vendor.to_string(),
@@ -133,6 +161,5 @@ pub async fn report_plugin(
         })
         .await
         .context("ReportPlugin")?
-        .into_inner();
-    Ok((r.unified_resource_name, r.generation))
+        .into_inner())
 }

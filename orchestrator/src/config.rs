@@ -176,6 +176,10 @@ pub struct NodesConfig {
     /// from ranking. Default 120 s. Nodes that never sent one are not stale (agents may not
     /// be deployed, and heartbeats are not persisted across restarts).
     pub heartbeat_max_age_seconds: Option<f64>,
+    /// How nodes' kubelets allocate the unified resource: `devicePlugin` (default), `dra` or
+    /// `auto` (DRA where the kubelet is v1.37+); a node's `kudos.dev/allocation-api` label
+    /// overrides it.
+    pub allocation_api: Option<crate::dra::AllocationPolicy>,
 }
 
 /// Authenticator kind.
@@ -362,6 +366,8 @@ pub struct Settings {
     pub snapshot_interval: Duration,
     /// Heartbeat max age, seconds.
     pub heartbeat_max_age_seconds: f64,
+    /// How nodes' kubelets allocate the unified resource.
+    pub allocation_policy: crate::dra::AllocationPolicy,
     /// Authenticator.
     pub auth_mode: AuthMode,
     /// Static token file.
@@ -545,6 +551,10 @@ impl Settings {
                 file.store.snapshot_interval_seconds.unwrap_or(30.0),
             )?,
             heartbeat_max_age_seconds,
+            allocation_policy: args
+                .allocation_api
+                .or(file.nodes.allocation_api)
+                .unwrap_or_default(),
             auth_mode,
             static_tokens_file,
             audiences: file.auth.audiences,

@@ -164,6 +164,7 @@ impl Ingest {
             self.store.save_plugin_config(cfg.clone()).await?;
         }
         let generation = cfg.generation;
+        let (api, why) = self.index.read().allocation_api(&r.node);
         {
             let mut idx = self.index.write();
             idx.set_device_health(&r.node, &r.vendor, (healthy, total));
@@ -175,10 +176,17 @@ impl Ingest {
             self.plugin_updates.send_replace(cfg);
         }
         self.metrics.plugin_generation.set(generation as i64);
-        tracing::info!(node = %r.node, vendor = %r.vendor, from = %r.vendor_resource_name, to = %self.unified, generation, changed, "plugin reported");
+        tracing::info!(node = %r.node, vendor = %r.vendor, from = %r.vendor_resource_name, to = %self.unified, generation, changed, allocation_api = api.as_str(), why, "plugin reported");
+        let dra = api == kudos_api::dra::AllocationApi::Dra;
         Ok(pb::ReportPluginResponse {
             unified_resource_name: self.unified.clone(),
             generation,
+            allocation_api: api.as_str().into(),
+            dra_driver: if dra {
+                kudos_api::dra::DRIVER.into()
+            } else {
+                String::new()
+            },
         })
     }
 

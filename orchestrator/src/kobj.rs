@@ -42,6 +42,10 @@ pub struct NodeInfo {
     pub memory_allocatable_bytes: u64,
     /// `Ok` when the Ready condition is True, else the reason.
     pub ready: Result<(), String>,
+    /// `(major, minor)` of `status.nodeInfo.kubeletVersion`, when reported.
+    pub kubelet_version: Option<(u32, u32)>,
+    /// The node's `kudos.dev/allocation-api` label, when it names an API.
+    pub allocation_api_label: Option<kudos_api::dra::AllocationApi>,
 }
 
 /// Resources a pod holds on its node.
@@ -149,6 +153,13 @@ pub fn node_info(node: &Node, unified: &str) -> NodeInfo {
         cpu_allocatable_milli: get("cpu").and_then(quantity::milli).unwrap_or(0),
         memory_allocatable_bytes: get("memory").and_then(quantity::units).unwrap_or(0),
         ready,
+        kubelet_version: node
+            .status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .and_then(|i| crate::dra::parse_kubelet_version(&i.kubelet_version)),
+        allocation_api_label: label(labels::ALLOCATION_API)
+            .and_then(|v| kudos_api::dra::AllocationApi::parse(v)),
     }
 }
 

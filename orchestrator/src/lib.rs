@@ -22,6 +22,7 @@ pub mod access;
 pub mod admission;
 pub mod auth;
 pub mod config;
+pub mod dra;
 pub mod events;
 pub mod extender;
 #[cfg(test)]
@@ -111,6 +112,12 @@ pub struct Args {
     /// Seconds without an agent heartbeat before a node is stale [file: nodes.heartbeatMaxAgeSeconds; default 120].
     #[arg(long, env = "KUDOS_HEARTBEAT_MAX_AGE_SECONDS", value_name = "SECONDS")]
     pub heartbeat_max_age_seconds: Option<f64>,
+    /// How nodes' kubelets allocate the unified resource: device-plugin (register it with the
+    /// kubelet), dra (a ResourceSlice and the kudos-gpu DeviceClass; needs the chart's
+    /// dra.enabled) or auto (DRA where the kubelet is v1.37+). A node's
+    /// kudos.dev/allocation-api label overrides it [file: nodes.allocationApi; default device-plugin].
+    #[arg(long, env = "KUDOS_ALLOCATION_API", value_enum, value_name = "API")]
+    pub allocation_api: Option<dra::AllocationPolicy>,
     /// Derive plugin images and apply one plugin DaemonSet per plugin group; needs a cluster
     /// and rollout.baseImage/repository [file: rollout.enabled; default false].
     #[arg(long, env = "KUDOS_ROLLOUT", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
@@ -271,6 +278,7 @@ pub fn restore(s: &Settings, loaded: store::Loaded, cluster: bool) -> anyhow::Re
         scheduler,
         cluster,
     );
+    idx.set_allocation_policy(s.allocation_policy);
     idx.set_plugin_config(loaded.plugin_config);
     let snapshot_seq = loaded.model.as_ref().map_or(0, |(_, seq)| *seq);
     for run in &loaded.runs_to_replay {

@@ -129,6 +129,47 @@ async fn registry_rewrites_name_and_bumps_generation_only_on_change() {
 }
 
 #[tokio::test]
+async fn registry_tells_each_node_which_allocation_api_to_use() {
+    use kudos_api::dra::{AllocationApi, DRIVER};
+    use kudos_orchestrator::dra::AllocationPolicy;
+    let s = start(None).await;
+    let mut c = s.registry().await;
+    // The default policy: the device-plugin API, no driver.
+    let r = report_n1_plugin(&mut c, 2, true).await;
+    assert_eq!(r.allocation_api, "device-plugin");
+    assert_eq!(r.dra_driver, "");
+    // auto with a v1.37 kubelet: DRA, with the driver the device plugin must serve.
+    let node = |labels: serde_json::Value| {
+        let n: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1", "labels": labels},
+            "status": {"nodeInfo": {"kubeletVersion": "v1.37.2", "machineID": "", "systemUUID": "",
+                "bootID": "", "kernelVersion": "", "osImage": "", "containerRuntimeVersion": "",
+                "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64"}}
+        }))
+        .unwrap();
+        kudos_orchestrator::kobj::node_info(&n, UNIFIED)
+    };
+    {
+        let mut idx = s.index.write();
+        idx.set_allocation_policy(AllocationPolicy::Auto);
+        idx.apply_node(node(serde_json::json!({})));
+    }
+    let r = report_n1_plugin(&mut c, 2, true).await;
+    assert_eq!(
+        AllocationApi::parse(&r.allocation_api),
+        Some(AllocationApi::Dra)
+    );
+    assert_eq!(r.dra_driver, DRIVER);
+    // The node's label overrides the policy.
+    s.index.write().apply_node(node(
+        serde_json::json!({"kudos.dev/allocation-api": "device-plugin"}),
+    ));
+    let r = report_n1_plugin(&mut c, 2, true).await;
+    assert_eq!(r.allocation_api, "device-plugin");
+    assert_eq!(r.dra_driver, "");
+}
+
+#[tokio::test]
 async fn auth_refusals() {
     let s = start(None).await;
     let mut reg = s.registry().await;

@@ -27,6 +27,7 @@ use k8s_openapi::api::core::v1::Node;
 use serde::{Deserialize, Serialize};
 
 use crate::render::{RolloutSettings, daemonset_name};
+use kudos_api::dra::AllocationApi;
 use kudos_api::{PluginConfig, PluginConfigError};
 
 /// What the API server says about a node.
@@ -39,6 +40,10 @@ pub struct NodeObservation {
     pub allocatable: Option<u64>,
     /// The `Ready` condition (`None` when absent).
     pub ready: Option<bool>,
+    /// How the node's kubelet allocates the unified resource. A DRA node advertises no
+    /// allocatable for it (its devices are in a ResourceSlice), so that is not a fault there.
+    #[serde(default)]
+    pub allocation_api: AllocationApi,
 }
 
 impl NodeObservation {
@@ -58,6 +63,7 @@ impl NodeObservation {
                 .and_then(|s| s.conditions.as_ref())
                 .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
                 .map(|c| c.status == "True"),
+            allocation_api: AllocationApi::DevicePlugin,
         }
     }
 }
@@ -174,6 +180,8 @@ pub struct NodeMonitor {
     pub heartbeat_age_seconds: Option<f64>,
     /// The node's Ready condition.
     pub ready: Option<bool>,
+    /// How the node's kubelet allocates the unified resource (`device-plugin` or `dra`).
+    pub allocation_api: AllocationApi,
     /// The serving DaemonSet's rollout.
     pub rollout: RolloutState,
     /// Why the node is excluded, if it is.
@@ -227,6 +235,7 @@ pub fn monitor(
             }
             if let Some(o) = obs
                 && configured_devices > 0
+                && o.allocation_api == AllocationApi::DevicePlugin
                 && o.allocatable.unwrap_or(0) == 0
             {
                 reasons.push(ExclusionReason::NoAllocatable);
@@ -241,6 +250,7 @@ pub fn monitor(
                 healthy_devices: inputs.plugin_health.get(node).map(|h| h.healthy),
                 heartbeat_age_seconds: heartbeat_age.map(|a| a.as_secs_f64()),
                 ready: obs.and_then(|o| o.ready),
+                allocation_api: obs.map(|o| o.allocation_api).unwrap_or_default(),
                 rollout: rollout.clone(),
                 exclude_from_ranking: !reasons.is_empty(),
                 reasons,

@@ -16,6 +16,7 @@ fn obs(alloc: u64) -> NodeObservation {
         capacity: Some(alloc),
         allocatable: Some(alloc),
         ready: Some(true),
+        allocation_api: AllocationApi::DevicePlugin,
     }
 }
 
@@ -55,7 +56,8 @@ fn node_observation_from_node_object() {
         NodeObservation {
             capacity: Some(4),
             allocatable: Some(3),
-            ready: Some(true)
+            ready: Some(true),
+            allocation_api: AllocationApi::DevicePlugin,
         }
     );
     let none = NodeObservation::from_node(&Node::default(), "kudos.dev/gpu");
@@ -177,6 +179,38 @@ fn zero_allocatable_with_configured_devices_excludes() {
     )
     .unwrap();
     assert_eq!(m[0].reasons, [ExclusionReason::NoAllocatable]);
+}
+
+#[test]
+fn a_dra_node_without_allocatable_is_ranked() {
+    // Its devices are in a ResourceSlice: the kubelet advertises no allocatable for the name.
+    let view = mk_view();
+    let dra = NodeObservation {
+        capacity: None,
+        allocatable: None,
+        allocation_api: AllocationApi::Dra,
+        ..obs(0)
+    };
+    let nodes = BTreeMap::from([("n1".to_string(), dra)]);
+    let heartbeats = BTreeMap::from([("n1".to_string(), t(10))]);
+    let inputs = MonitorInputs {
+        now: t(10),
+        nodes: &nodes,
+        plugin_health: &BTreeMap::new(),
+        heartbeats: &heartbeats,
+        daemonsets: &[],
+    };
+    let m = monitor(
+        &view,
+        &RolloutSettings::default(),
+        &MonitorPolicy::default(),
+        &inputs,
+    )
+    .unwrap();
+    let n1 = m.iter().find(|n| n.node == "n1").expect("n1 monitored");
+    assert!(n1.reasons.is_empty(), "{:?}", n1.reasons);
+    assert!(!n1.exclude_from_ranking);
+    assert_eq!(n1.allocation_api, AllocationApi::Dra);
 }
 
 #[test]

@@ -282,6 +282,8 @@ pub type Call = (kapi::ReportPluginRequest, Option<String>);
 #[derive(Clone, Default)]
 pub struct Registry {
     pub name: Arc<Mutex<String>>,
+    /// `ReportPluginResponse.allocation_api` ("" by default, as an orchestrator before DRA).
+    pub allocation_api: Arc<Mutex<String>>,
     pub calls: Arc<Mutex<Vec<Call>>>,
 }
 
@@ -310,9 +312,17 @@ impl kapi::registry_service_server::RegistryService for Registry {
             .expect("lock")
             .push((req.into_inner(), auth));
         let name = self.name.lock().expect("lock").clone();
+        let allocation_api = self.allocation_api.lock().expect("lock").clone();
+        let dra_driver = if allocation_api == "dra" {
+            kudos_api::dra::DRIVER.to_string()
+        } else {
+            String::new()
+        };
         Ok(Response::new(kapi::ReportPluginResponse {
             unified_resource_name: name,
             generation: 7,
+            allocation_api,
+            dra_driver,
         }))
     }
 }

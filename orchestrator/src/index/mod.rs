@@ -96,6 +96,8 @@ pub struct Index {
     excluded: FastMap<String, String>,
     /// Class → its latest third queue (`/explain`), at most `MAX_THIRD_QUEUES` classes.
     third_queues: BTreeMap<String, ThirdQueue>,
+    /// Which allocation API nodes use, unless a node's label says otherwise.
+    allocation_policy: crate::dra::AllocationPolicy,
 }
 
 /// Ended pods remembered (by UID) so that the extender's assumed binds of them are dropped:
@@ -167,7 +169,18 @@ impl Index {
             monitor: None,
             excluded: FastMap::default(),
             third_queues: BTreeMap::new(),
+            allocation_policy: crate::dra::AllocationPolicy::default(),
         }
+    }
+
+    /// Sets the cluster-wide allocation-API policy (`nodes.allocationApi`).
+    pub fn set_allocation_policy(&mut self, policy: crate::dra::AllocationPolicy) {
+        self.allocation_policy = policy;
+    }
+
+    /// The allocation API `node` uses for the unified resource, and why.
+    pub fn allocation_api(&self, node: &str) -> (kudos_api::dra::AllocationApi, &'static str) {
+        crate::dra::decide(self.allocation_policy, self.nodes.get(node))
     }
 
     /// Changes whenever a ranking input changes (see the field).
@@ -392,6 +405,7 @@ impl Index {
                         capacity: n.gpu_capacity.map(u64::from),
                         allocatable: n.gpu_allocatable.map(u64::from),
                         ready: Some(n.ready.is_ok()),
+                        allocation_api: crate::dra::decide(self.allocation_policy, Some(n)).0,
                     };
                     (n.name.clone(), obs)
                 })
@@ -551,7 +565,17 @@ impl Index {
         names.sort_unstable();
         names.dedup();
         let (nodes, unknown) = self.node_states(names, &HashMap::new(), &HashMap::new(), now);
+        let allocation_api = self
+            .plugin_config
+            .nodes
+            .keys()
+            .map(|n| {
+                let (api, why) = self.allocation_api(n);
+                (n.clone(), AllocationApiView { api, why })
+            })
+            .collect();
         StateView {
+            allocation_api,
             plugin_config: self.plugin_config.clone(),
             nodes,
             nodes_without_accelerators: unknown.into_iter().map(|(n, _)| n).collect(),
@@ -681,6 +705,17 @@ pub struct StateView {
     pub ready: bool,
     /// The latest node-monitoring pass per configured node (`null` while rollout is off).
     pub node_monitor: Option<MonitorView>,
+    /// How each configured node's kubelet allocates the unified resource, and why.
+    pub allocation_api: BTreeMap<String, AllocationApiView>,
+}
+
+/// One node's allocation API in `GET /state`.
+#[derive(Serialize)]
+pub struct AllocationApiView {
+    /// `device-plugin` or `dra`.
+    pub api: kudos_api::dra::AllocationApi,
+    /// The policy or label that decided it.
+    pub why: &'static str,
 }
 
 /// The model part of `GET /state`.
