@@ -216,4 +216,5 @@ tool (
 	k8s.io/kubernetes/cmd/kube-controller-manager
 	k8s.io/kubernetes/cmd/kube-scheduler
 	k8s.io/kubernetes/cmd/kubelet
+	k8s.io/kubernetes/test/images/sample-device-plugin
 )

@@ -1,8 +1,9 @@
 //! Kudos end-to-end scenarios against real upstream Kubernetes components on loopback. The
 //! runners (etcd, kube-apiserver, kube-scheduler, `kubelet-dm`, `kudos-orchestrator`) live in
 //! `kudos-testkit`, re-exported here under their old paths; this crate adds what only the
-//! scenarios use: run reports over gRPC, waits on pods and a do-nothing extender for the
-//! throughput baseline.
+//! scenarios use: run reports over gRPC, waits on pods, a do-nothing extender for the
+//! throughput baseline and the device-plugin side-by-side with the upstream sample plugin
+//! ([`plugin_bench`]).
 //!
 //! Where to start: [`ControlPlane::start`].
 #![forbid(unsafe_code)]
@@ -10,6 +11,7 @@
 pub use kudos_testkit::{cluster, http, kubelet, nodes, orchestrator, paths, proc};
 pub mod browser;
 pub mod null_extender;
+pub mod plugin_bench;
 pub mod pods;
 pub mod realnode;
 pub mod telemetry;
