@@ -102,7 +102,11 @@ impl<A: AssignmentSource> Agent<A> {
         let readings = self.sampler.sample_all().await;
         let now = crate::now_ms();
         let listed = match self.assignments.list().await {
-            Ok(a) => {
+            Ok(mut a) => {
+                crate::attribution::resolve_dra_names(
+                    &mut a,
+                    readings.iter().map(|r| r.info.uuid.as_str()),
+                );
                 if self.list_failing {
                     tracing::info!(
                         "PodResources reachable again; it may lack pods until the kubelet re-syncs"

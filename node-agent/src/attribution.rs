@@ -6,6 +6,12 @@
 //! (`nvidia.com/gpu`, `amd.com/gpu`), and translate the IDs to the UUIDs the sampler knows:
 //! the Kudos plugin serves vendor-prefixed IDs (`nv-GPU-<uuid>`), vendor plugins bare UUIDs.
 //!
+//! On a DRA node (issue 17) the same devices come as the container's `dynamic_resources`:
+//! claim results of driver `gpu.kudos.dev`, named by their DRA device name, which is a one-way
+//! function of the device ID ([`kudos_api::dra::device_name`]). Those are listed as
+//! `dra:<device name>` and [`resolve_dra_names`] turns them back into device IDs from the
+//! devices the sampler sees.
+//!
 //! PodResources carries no labels or UIDs; those come from [`crate::podmeta`].
 
 use std::path::{Path, PathBuf};
@@ -64,6 +70,39 @@ pub fn device_id_to_uuid(id: &str) -> &str {
     id
 }
 
+/// The prefix of a device the kubelet reports only by its DRA device name, until
+/// [`resolve_dra_names`] finds its ID.
+pub const DRA_NAME_PREFIX: &str = "dra:";
+
+/// Replaces each `dra:<device name>` in `assignments` by the device ID of the sampled device
+/// (`uuids`) whose Kudos device ID (`nv-<uuid>`) has that DRA name. Names of devices the
+/// sampler does not see stay as they are (they have no readings either way).
+pub fn resolve_dra_names<'a>(assignments: &mut [Assignment], uuids: impl Iterator<Item = &'a str>) {
+    if !assignments
+        .iter()
+        .any(|a| a.device_ids.iter().any(|i| i.starts_with(DRA_NAME_PREFIX)))
+    {
+        return;
+    }
+    let by_name: std::collections::HashMap<String, String> = uuids
+        .map(|u| {
+            let id = format!("nv-{u}");
+            (kudos_api::dra::device_name(&id), id)
+        })
+        .collect();
+    for a in assignments {
+        for id in &mut a.device_ids {
+            if let Some(name) = id.strip_prefix(DRA_NAME_PREFIX)
+                && let Some(real) = by_name.get(name)
+            {
+                *id = real.clone();
+            }
+        }
+        a.device_ids.sort();
+        a.device_ids.dedup();
+    }
+}
+
 // === impl PodResources ===
 
 /// The kubelet PodResources `v1` API on a Unix socket.
@@ -117,6 +156,14 @@ impl AssignmentSource for PodResources {
                     .filter(|d| self.resources.iter().any(|r| r == &d.resource_name))
                     .flat_map(|d| d.device_ids)
                     .collect();
+                // Devices allocated through DRA by the Kudos driver (a DRA-mode node).
+                ids.extend(
+                    c.dynamic_resources
+                        .into_iter()
+                        .flat_map(|r| r.claim_resources)
+                        .filter(|r| r.driver_name == kudos_api::dra::DRIVER)
+                        .map(|r| format!("{DRA_NAME_PREFIX}{}", r.device_name)),
+                );
                 if ids.is_empty() {
                     continue;
                 }

@@ -169,3 +169,77 @@ async fn missing_kubelet_is_an_error_not_a_hang() {
     .expect("client");
     assert!(pr.list().await.is_err());
 }
+
+/// A container whose devices the kubelet allocated through DRA claims: `(driver, device name)`.
+fn dra_pod(ns: &str, name: &str, results: &[(&str, &str)]) -> PodRes {
+    use kudos_proto::podresources::v1::{ClaimResource, DynamicResource};
+    PodRes {
+        name: name.into(),
+        namespace: ns.into(),
+        containers: vec![ContainerResources {
+            name: "main".into(),
+            dynamic_resources: vec![DynamicResource {
+                claim_name: format!("{name}-gpu"),
+                claim_namespace: ns.into(),
+                claim_resources: results
+                    .iter()
+                    .map(|(driver, device)| ClaimResource {
+                        driver_name: (*driver).into(),
+                        pool_name: "node-a".into(),
+                        device_name: (*device).into(),
+                        cdi_devices: vec![],
+                    })
+                    .collect(),
+            }],
+            ..Default::default()
+        }],
+    }
+}
+
+#[tokio::test]
+async fn dra_claims_of_the_kudos_driver_are_attributed_by_device_id() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("kubelet.sock");
+    let kubelet = FakeKubelet::default();
+    let name_a = kudos_api::dra::device_name("nv-GPU-a");
+    let name_b = kudos_api::dra::device_name("nv-GPU-b");
+    *kubelet.pods.lock().expect("lock") = vec![
+        dra_pod(
+            "ml",
+            "train",
+            &[
+                (kudos_api::dra::DRIVER, name_b.as_str()),
+                (kudos_api::dra::DRIVER, name_a.as_str()),
+            ],
+        ),
+        // Another driver's devices are not ours to sample.
+        dra_pod("ml", "nic", &[("net.example.com", "eth1")]),
+    ];
+    serve(kubelet.clone(), &sock);
+    let pr = PodResources::new(&sock, vec!["kudos.dev/gpu".into()], Duration::from_secs(2))
+        .expect("client");
+    let mut got = pr.list().await.expect("list");
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].pod, "train");
+    assert!(
+        got[0]
+            .device_ids
+            .iter()
+            .all(|i| i.starts_with(DRA_NAME_PREFIX)),
+        "{got:?}"
+    );
+    // The sampler sees GPU-a and GPU-b: the DRA names become the plugin's device IDs, which
+    // the rest of the agent maps to UUIDs as on a device-plugin node.
+    resolve_dra_names(&mut got, ["GPU-b", "GPU-a", "GPU-c"].into_iter());
+    assert_eq!(got[0].device_ids, vec!["nv-GPU-a", "nv-GPU-b"]);
+    assert_eq!(device_id_to_uuid(&got[0].device_ids[0]), "GPU-a");
+    // A name no sampled device has stays as it is.
+    let mut unknown = vec![Assignment {
+        namespace: "ml".into(),
+        pod: "p".into(),
+        container: "c".into(),
+        device_ids: vec![format!("{DRA_NAME_PREFIX}gone-0")],
+    }];
+    resolve_dra_names(&mut unknown, ["GPU-a"].into_iter());
+    assert_eq!(unknown[0].device_ids, vec!["dra:gone-0"]);
+}
