@@ -6,6 +6,8 @@ use std::path::PathBuf;
 const PROTOS: &[&str] = &[
     "proto/kubelet/deviceplugin/v1beta1/api.proto",
     "proto/kubelet/podresources/v1/api.proto",
+    "proto/kubelet/dra/v1/api.proto",
+    "proto/kubelet/pluginregistration/v1/api.proto",
     "proto/kudos/v1/kudos.proto",
 ];
 

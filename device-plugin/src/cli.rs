@@ -45,7 +45,7 @@ impl BackendKind {
 #[command(
     name = "kudos-device-plugin",
     version,
-    about = "Kudos device plugin: discovers accelerators on a node and serves them to the kubelet under one unified resource name.",
+    about = "Kudos device plugin: discovers accelerators on a node and serves them to the kubelet under one unified resource name, through the kubelet's device-plugin API or, in DRA mode (--allocation-api), as a ResourceSlice and a DRA kubelet plugin.",
     after_help = "Precedence: a flag overrides its environment variable, which overrides the per-vendor plugin configuration file (--plugin-config-dir/<vendor>.json, baked into derived images by the orchestrator's rollout), which overrides the default.\nDurations take a unit: 500ms, 30s, 5m, 1h (a bare number is seconds; at most 7 days)."
 )]
 pub struct Args {
@@ -184,6 +184,9 @@ pub struct Args {
     /// Address for /metrics, /healthz and /readyz (/ready is an alias); "off" disables.
     #[arg(long, env = "KUDOS_METRICS_ADDR", default_value = "0.0.0.0:9401")]
     pub metrics_addr: String,
+
+    #[command(flatten)]
+    pub dra: crate::dra::DraArgs,
 }
 
 /// Invalid flag values.
@@ -265,6 +268,8 @@ pub struct Settings {
     /// Vendor → the devices its per-vendor file expects on this node (empty without
     /// --plugin-config-dir); compared with what discovery finds.
     pub expected_devices: Vec<(String, Vec<ExpectedDevice>)>,
+    /// The allocation API flag and DRA mode's paths.
+    pub dra: crate::dra::DraSettings,
 }
 
 /// Reads the per-vendor files of `vendors` from `dir`.
@@ -404,6 +409,7 @@ impl TryFrom<Args> for Settings {
             register_timeout: a.register_timeout,
             metrics_addr,
             expected_devices,
+            dra: a.dra.into(),
         })
     }
 }

@@ -10,12 +10,15 @@
 //! - [`preferred`]: topology-aware `GetPreferredAllocation`.
 //! - [`registry`]: the unified name from the orchestrator, cached on disk, with back-off.
 //! - [`runtime`]: socket serving, registration, kubelet-restart handling.
+//! - [`dra`]: DRA mode instead of the device-plugin API: the node's ResourceSlice, the DRA
+//!   kubelet plugin (prepare/unprepare, CDI specs, checkpoint), and which API a node uses.
 //! - [`metrics`]: Prometheus metrics and `/metrics`, `/healthz`, `/ready`.
 //! - [`cli`]: flags and validated settings.
 #![forbid(unsafe_code)]
 
 pub mod backend;
 pub mod cli;
+pub mod dra;
 pub mod health;
 pub mod metrics;
 pub mod preferred;
@@ -178,8 +181,9 @@ pub async fn run(
         .instrument(tracing::info_span!("health")),
     );
 
-    // The unified name.
+    // The unified name, and which kubelet API to serve it through.
     let cache = registry::NameCache::new(s.name_cache.clone());
+    let api_cache = dra::mode::ApiCache::beside(&s.name_cache);
     let reporter = match &s.orchestrator_addr {
         Some(addr) => Some(registry::Reporter::new(
             addr,
@@ -191,50 +195,141 @@ pub async fn run(
         None => None,
     };
     let snapshot = health_rx.borrow().clone();
-    let (name, reported) = registry::initial_name(
+    let initial = registry::initial(
         reporter.as_ref(),
         &cache,
+        &api_cache,
         &s.default_name,
         &backends,
         &snapshot,
         &metrics,
     )
     .await;
-    tracing::info!(resource = %name, from_orchestrator = reported, "unified resource name");
-    let (name_tx, name_rx) = watch::channel(name);
+    tracing::info!(resource = %initial.name, from_orchestrator = initial.reported, "unified resource name");
+    let cached_api = api_cache.load();
+    let (name_tx, name_rx) = watch::channel(initial.name);
+    let (api_tx, mut api_rx) = watch::channel(initial.allocation_api);
     let reporter_task = reporter.map(|r| {
         tokio::spawn(
             registry::run(
                 registry::ReportTask {
                     reporter: r,
                     cache,
+                    api_cache,
                     policy: s.report.clone(),
                     backends: backends.clone(),
                     metrics: metrics.clone(),
                 },
                 health_rx.clone(),
-                reported,
+                initial.reported,
                 name_tx,
+                api_tx,
             )
             .instrument(tracing::info_span!("report")),
         )
     });
 
-    let lifecycle = runtime::Lifecycle {
-        dir: s.device_plugin_dir.clone(),
-        socket_name: s.socket_name.clone(),
-        register_timeout: s.register_timeout,
-        resync: Duration::from_secs(5),
-        register_backoff: Duration::from_millis(200),
-        register_backoff_cap: Duration::from_secs(10),
+    // Serve through one API until shutdown, or until the orchestrator switches this node to
+    // the other one (`--allocation-api=auto` only).
+    let flag = s.dra.allocation_api;
+    tokio::pin!(shutdown);
+    let mut previous: Option<kudos_api::dra::AllocationApi> = None;
+    let result = loop {
+        let decision = dra::mode::decide(flag, *api_rx.borrow_and_update(), cached_api);
+        let api = decision.api;
+        if previous == Some(kudos_api::dra::AllocationApi::Dra)
+            && api != kudos_api::dra::AllocationApi::Dra
+        {
+            // Leaving DRA: the scheduler must stop allocating this node's devices through it.
+            if let Err(e) = dra::withdraw(&s.dra, &s.node_name, &backends).await {
+                tracing::error!(error = %e, "cannot delete this node's ResourceSlice after leaving DRA mode");
+            }
+        }
+        match previous {
+            None => tracing::info!(
+                allocation_api = api.as_str(),
+                why = decision.why,
+                "allocation API"
+            ),
+            Some(p) => tracing::info!(
+                from = p.as_str(),
+                to = api.as_str(),
+                why = decision.why,
+                "allocation API changed; switching"
+            ),
+        }
+        previous = Some(api);
+        let mut shut_down = false;
+        let until = async {
+            tokio::select! {
+                _ = &mut shutdown => shut_down = true,
+                _ = switched(&mut api_rx, flag, cached_api, api) => {}
+            }
+        };
+        let outcome = match api {
+            kudos_api::dra::AllocationApi::DevicePlugin => {
+                let lifecycle = runtime::Lifecycle {
+                    dir: s.device_plugin_dir.clone(),
+                    socket_name: s.socket_name.clone(),
+                    register_timeout: s.register_timeout,
+                    resync: Duration::from_secs(5),
+                    register_backoff: Duration::from_millis(200),
+                    register_backoff_cap: Duration::from_secs(10),
+                };
+                runtime::run(
+                    lifecycle,
+                    backends.clone(),
+                    health_rx.clone(),
+                    name_rx.clone(),
+                    metrics.clone(),
+                    until,
+                )
+                .instrument(tracing::info_span!("plugin"))
+                .await
+                .map_err(anyhow::Error::from)
+            }
+            kudos_api::dra::AllocationApi::Dra => {
+                let ctx = dra::Context {
+                    node: s.node_name.clone(),
+                    backends: backends.clone(),
+                    health: health_rx.clone(),
+                    metrics: metrics.clone(),
+                    settings: s.dra.clone(),
+                };
+                dra::run(ctx, until)
+                    .instrument(tracing::info_span!("dra", driver = kudos_api::dra::DRIVER))
+                    .await
+            }
+        };
+        if outcome.is_err() || shut_down {
+            break outcome;
+        }
     };
-    let result = runtime::run(lifecycle, backends, health_rx, name_rx, metrics, shutdown)
-        .instrument(tracing::info_span!("plugin"))
-        .await;
     let _ = stop_tx.send(true);
     if let Some(t) = reporter_task {
         t.abort();
     }
     drop(guards);
-    result.map_err(Into::into)
+    result
+}
+
+/// Resolves once the API [`dra::mode::decide`] picks differs from `current`; never under an
+/// explicit `--allocation-api` or once the reporter is gone.
+async fn switched(
+    answers: &mut watch::Receiver<Option<kudos_api::dra::AllocationApi>>,
+    flag: dra::mode::AllocationApiFlag,
+    cached: Option<kudos_api::dra::AllocationApi>,
+    current: kudos_api::dra::AllocationApi,
+) {
+    if flag != dra::mode::AllocationApiFlag::Auto {
+        return std::future::pending().await;
+    }
+    loop {
+        if answers.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+        if dra::mode::decide(flag, *answers.borrow_and_update(), cached).api != current {
+            return;
+        }
+    }
 }

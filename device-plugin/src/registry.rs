@@ -2,10 +2,15 @@
 //! answer on disk, and fall back to the cache or the configured default when the control
 //! plane cannot be reached, so a node never loses its GPUs because the orchestrator is down.
 //! A background task keeps reporting with exponential back-off and publishes name changes.
+//!
+//! The same answer says which kubelet API this node uses (`allocation_api`, see
+//! [`crate::dra::mode`]); it is cached beside the name and published the same way.
 
 use crate::backend::Backends;
+use crate::dra::mode::ApiCache;
 use crate::health::HealthMap;
 use crate::metrics::Metrics;
+use kudos_api::dra::AllocationApi;
 use kudos_proto::kudos::v1 as kapi;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -34,6 +39,41 @@ pub enum ReportError {
     /// Vendors were given different names (the orchestrator should answer one name).
     #[error("orchestrator answered different names {0:?} and {1:?}")]
     Conflicting(String, String),
+    /// Vendors were given different allocation APIs (a node uses one).
+    #[error("orchestrator answered different allocation APIs {0:?} and {1:?}")]
+    ConflictingApi(&'static str, &'static str),
+}
+
+/// What the orchestrator answered for this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// The unified resource name.
+    pub name: String,
+    /// The kubelet API this node uses; `None` when no vendor was reported or the orchestrator
+    /// answered a value this plugin does not know (logged).
+    pub allocation_api: Option<AllocationApi>,
+}
+
+/// The allocation API of one answer; an unknown value is logged and ignored.
+fn answered_api(answer: &kapi::ReportPluginResponse) -> Option<AllocationApi> {
+    let api = AllocationApi::parse(&answer.allocation_api);
+    match api {
+        None => tracing::warn!(
+            allocation_api = %answer.allocation_api,
+            "orchestrator answered an unknown allocation API; keeping the current one"
+        ),
+        Some(AllocationApi::Dra)
+            if !answer.dra_driver.is_empty() && answer.dra_driver != kudos_api::dra::DRIVER =>
+        {
+            tracing::warn!(
+                driver = %answer.dra_driver,
+                serving = kudos_api::dra::DRIVER,
+                "orchestrator names another DRA driver; this plugin serves its own"
+            )
+        }
+        Some(_) => {}
+    }
+    api
 }
 
 /// Reports this node's devices.
@@ -65,12 +105,12 @@ impl Reporter {
         })
     }
 
-    /// One report per vendor; returns the unified name.
+    /// One report per vendor; returns the unified name and the allocation API.
     pub async fn report(
         &self,
         backends: &Backends,
         health: &HealthMap,
-    ) -> Result<String, ReportError> {
+    ) -> Result<Answer, ReportError> {
         let mut client =
             kapi::registry_service_client::RegistryServiceClient::new(self.channel.clone());
         // Projected tokens rotate: read the file on every call.
@@ -82,6 +122,7 @@ impl Reporter {
             None => None,
         };
         let mut name: Option<String> = None;
+        let mut allocation_api: Option<AllocationApi> = None;
         for b in backends.iter() {
             let v = b.vendor();
             let msg = kapi::ReportPluginRequest {
@@ -118,7 +159,14 @@ impl Reporter {
                 })?
                 .into_inner();
             kudos_api::resource_name::validate(&answer.unified_resource_name)?;
-            tracing::info!(vendor = %v.key, name = %answer.unified_resource_name, generation = answer.generation, "orchestrator answered");
+            tracing::info!(vendor = %v.key, name = %answer.unified_resource_name, generation = answer.generation, allocation_api = %answer.allocation_api, "orchestrator answered");
+            match (allocation_api, answered_api(&answer)) {
+                (Some(a), Some(b)) if a != b => {
+                    return Err(ReportError::ConflictingApi(a.as_str(), b.as_str()));
+                }
+                (None, b) => allocation_api = b,
+                _ => {}
+            }
             match &name {
                 Some(n) if *n != answer.unified_resource_name => {
                     return Err(ReportError::Conflicting(
@@ -130,7 +178,10 @@ impl Reporter {
             }
         }
         // A node with no devices still learns the name (nothing to register, but consistent).
-        Ok(name.unwrap_or_else(|| kudos_api::DEFAULT_UNIFIED_RESOURCE_NAME.into()))
+        Ok(Answer {
+            name: name.unwrap_or_else(|| kudos_api::DEFAULT_UNIFIED_RESOURCE_NAME.into()),
+            allocation_api,
+        })
     }
 }
 
@@ -185,22 +236,41 @@ pub struct ReportPolicy {
     pub interval: Duration,
 }
 
-/// Decides the name to start with: one quick report, else the cache, else `default`.
-/// Returns the name and whether it came from the orchestrator.
-pub async fn initial_name(
+/// What the plugin starts with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Initial {
+    /// The unified name: the orchestrator's answer, else the cached one, else the default.
+    pub name: String,
+    /// The orchestrator's allocation API answer, if it answered one.
+    pub allocation_api: Option<AllocationApi>,
+    /// Whether the orchestrator answered.
+    pub reported: bool,
+}
+
+/// Decides the name to start with: one quick report, else the cache, else `default`. An
+/// answered allocation API is cached in `api_cache`.
+pub async fn initial(
     reporter: Option<&Reporter>,
     cache: &NameCache,
+    api_cache: &ApiCache,
     default: &str,
     backends: &Backends,
     health: &HealthMap,
     metrics: &Metrics,
-) -> (String, bool) {
+) -> Initial {
     if let Some(r) = reporter {
         match r.report(backends, health).await {
-            Ok(name) => {
+            Ok(answer) => {
                 metrics.report(true);
-                cache.store(&name);
-                return (name, true);
+                cache.store(&answer.name);
+                if let Some(api) = answer.allocation_api {
+                    api_cache.store(api);
+                }
+                return Initial {
+                    name: answer.name,
+                    allocation_api: answer.allocation_api,
+                    reported: true,
+                };
             }
             Err(e) => {
                 metrics.report(false);
@@ -208,9 +278,10 @@ pub async fn initial_name(
             }
         }
     }
-    match cache.load() {
-        Some(name) => (name, false),
-        None => (default.to_owned(), false),
+    Initial {
+        name: cache.load().unwrap_or_else(|| default.to_owned()),
+        allocation_api: None,
+        reported: false,
     }
 }
 
@@ -221,6 +292,8 @@ pub struct ReportTask {
     pub reporter: Reporter,
     /// Name cache.
     pub cache: NameCache,
+    /// Allocation-API cache.
+    pub api_cache: ApiCache,
     /// Back-off and interval.
     pub policy: ReportPolicy,
     /// Devices to report.
@@ -230,17 +303,20 @@ pub struct ReportTask {
 }
 
 /// Reports forever: on failure retries with back-off, on success waits `interval`. Publishes
-/// every answered name (the runtime re-registers when it changes) and caches it. `reported`:
-/// whether the initial report succeeded.
+/// every answered name (the runtime re-registers when it changes) and allocation API (the
+/// plugin switches mode when it changes under `--allocation-api=auto`), and caches both.
+/// `reported`: whether the initial report succeeded.
 pub async fn run(
     task: ReportTask,
     health: watch::Receiver<Arc<HealthMap>>,
     reported: bool,
     name_tx: watch::Sender<String>,
+    api_tx: watch::Sender<Option<AllocationApi>>,
 ) {
     let ReportTask {
         reporter,
         cache,
+        api_cache,
         policy,
         backends,
         metrics,
@@ -254,9 +330,20 @@ pub async fn run(
         tokio::time::sleep(delay).await;
         let snapshot = health.borrow().clone();
         match reporter.report(&backends, &snapshot).await {
-            Ok(name) => {
+            Ok(Answer {
+                name,
+                allocation_api,
+            }) => {
                 metrics.report(true);
                 cache.store(&name);
+                if let Some(api) = allocation_api {
+                    api_cache.store(api);
+                    api_tx.send_if_modified(|current| {
+                        let changed = *current != Some(api);
+                        *current = Some(api);
+                        changed
+                    });
+                }
                 name_tx.send_if_modified(|current| {
                     if *current == name {
                         false

@@ -2,7 +2,9 @@
 //! method paths match upstream byte for byte.
 
 use crate::deviceplugin::v1beta1 as dp;
+use crate::dra::v1 as dra;
 use crate::kudos::v1 as kudos;
+use crate::pluginregistration::v1 as reg;
 use crate::podresources::v1 as pr;
 use prost::Message;
 use std::sync::{Arc, Mutex};
@@ -264,5 +266,125 @@ fn server_names_match_the_paths() {
     assert_eq!(
         <dp::registration_server::RegistrationServer<()> as NamedService>::NAME,
         "v1beta1.Registration"
+    );
+}
+
+#[test]
+fn plugin_info_bytes_match_upstream_field_numbers() {
+    let info = reg::PluginInfo {
+        r#type: reg::DRA_PLUGIN.into(),
+        name: "gpu.kudos.dev".into(),
+        endpoint: "/p/dra.sock".into(),
+        supported_versions: vec![dra::SERVICE.into()],
+    };
+    // 1=type, 2=name, 3=endpoint, 4=supported_versions (repeated string).
+    let mut expected = ld(1, b"DRAPlugin");
+    expected.extend(ld(2, b"gpu.kudos.dev"));
+    expected.extend(ld(3, b"/p/dra.sock"));
+    expected.extend(ld(4, b"v1.DRAPlugin"));
+    assert_eq!(info.encode_to_vec(), expected);
+    roundtrip(&info);
+    // RegistrationStatus: 1=plugin_registered (varint), 2=error.
+    let status = reg::RegistrationStatus {
+        plugin_registered: true,
+        error: "x".into(),
+    };
+    let mut expected = vec![0x08, 0x01];
+    expected.extend(ld(2, b"x"));
+    assert_eq!(status.encode_to_vec(), expected);
+    assert_eq!(reg::socket_name("gpu.kudos.dev"), "gpu.kudos.dev-reg.sock");
+}
+
+#[test]
+fn dra_messages_match_upstream_field_numbers() {
+    let claim = dra::Claim {
+        namespace: "ns".into(),
+        uid: "u-1".into(),
+        name: "c".into(),
+    };
+    // Claim: 1=namespace, 2=uid, 3=name.
+    let mut claim_bytes = ld(1, b"ns");
+    claim_bytes.extend(ld(2, b"u-1"));
+    claim_bytes.extend(ld(3, b"c"));
+    assert_eq!(claim.encode_to_vec(), claim_bytes);
+    let req = dra::NodePrepareResourcesRequest {
+        claims: vec![claim.clone()],
+    };
+    assert_eq!(req.encode_to_vec(), ld(1, &claim_bytes));
+    roundtrip(&dra::NodeUnprepareResourcesRequest {
+        claims: vec![claim],
+    });
+
+    // Device: 1=request_names, 2=pool_name, 3=device_name, 4=cdi_device_ids, 5=share_id.
+    let device = dra::Device {
+        request_names: vec!["r".into()],
+        pool_name: "n1".into(),
+        device_name: "d0".into(),
+        cdi_device_ids: vec!["k/c=x".into()],
+        share_id: None,
+    };
+    let mut device_bytes = ld(1, b"r");
+    device_bytes.extend(ld(2, b"n1"));
+    device_bytes.extend(ld(3, b"d0"));
+    device_bytes.extend(ld(4, b"k/c=x"));
+    assert_eq!(device.encode_to_vec(), device_bytes);
+    // NodePrepareResourceResponse: 1=devices, 2=error; the response is a map (field 1) of
+    // entries {1: claim uid, 2: value}.
+    let one = dra::NodePrepareResourceResponse {
+        devices: vec![device],
+        error: String::new(),
+    };
+    let mut entry = ld(1, b"u-1");
+    entry.extend(ld(2, &ld(1, &device_bytes)));
+    let resp = dra::NodePrepareResourcesResponse {
+        claims: [("u-1".to_string(), one)].into(),
+    };
+    assert_eq!(resp.encode_to_vec(), ld(1, &entry));
+    roundtrip(&resp);
+    // NodeUnprepareResourceResponse: 1=error.
+    let un = dra::NodeUnprepareResourceResponse { error: "e".into() };
+    assert_eq!(un.encode_to_vec(), ld(1, b"e"));
+    // share_id is proto3 optional: present even when empty.
+    let shared = dra::Device {
+        share_id: Some(String::new()),
+        ..Default::default()
+    };
+    assert_eq!(shared.encode_to_vec(), vec![0x2a, 0x00]);
+}
+
+#[tokio::test]
+async fn dra_and_registration_method_paths_are_pinned() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let ch = recording_channel(seen.clone());
+    let mut registration = reg::registration_client::RegistrationClient::new(ch.clone());
+    let _ = registration.get_info(reg::InfoRequest {}).await;
+    let _ = registration
+        .notify_registration_status(reg::RegistrationStatus::default())
+        .await;
+    let mut plugin = dra::dra_plugin_client::DraPluginClient::new(ch);
+    let _ = plugin
+        .node_prepare_resources(dra::NodePrepareResourcesRequest::default())
+        .await;
+    let _ = plugin
+        .node_unprepare_resources(dra::NodeUnprepareResourcesRequest::default())
+        .await;
+    let seen = seen.lock().expect("lock").clone();
+    assert_eq!(
+        seen,
+        vec![
+            "/pluginregistration.Registration/GetInfo",
+            "/pluginregistration.Registration/NotifyRegistrationStatus",
+            "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
+            "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources",
+        ]
+    );
+    use tonic::server::NamedService;
+    assert_eq!(
+        <dra::dra_plugin_server::DraPluginServer<()> as NamedService>::NAME,
+        "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
+    );
+    assert_eq!(
+        <reg::registration_server::RegistrationServer<()> as NamedService>::NAME,
+        "pluginregistration.Registration"
     );
 }

@@ -44,6 +44,13 @@ impl FakeBackend {
         }
     }
 
+    /// Gives every device the model name `model`.
+    pub fn set_model(&mut self, model: &str) {
+        for d in &mut self.inventory.devices {
+            d.model = model.into();
+        }
+    }
+
     /// Makes the probe of `id` fail with `reason` (`None`: pass again).
     pub fn set_probe(&self, id: &str, reason: Option<&str>) {
         let mut p = self.probes.lock().unwrap_or_else(|e| e.into_inner());

@@ -1,0 +1,391 @@
+//! DRA mode against a real kube-apiserver (etcd + kube-apiserver 1.37 from `e2e/_out/bin`):
+//! the plugin (in-process, NVIDIA devices from the fake NVML) publishes its ResourceSlice,
+//! taints a device that goes unhealthy, answers the kubelet's registration `GetInfo`, prepares
+//! a ResourceClaim allocated through the status subresource over the real Unix socket (CDI
+//! spec written), and after a restart unprepares it from its checkpoint alone. Skips with a
+//! message when the binaries are missing; `KUDOS_E2E_REQUIRE=1` turns the skip into a failure.
+
+mod support;
+
+use k8s_openapi::api::resource::v1 as res;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kudos_api::dra::{DRIVER, UNHEALTHY_TAINT_KEY, attribute, device_name};
+use kudos_device_plugin::runtime::connect_unix;
+use kudos_nvml::fake::FakeNvml;
+use kudos_proto::dra::v1 as dra;
+use kudos_proto::pluginregistration::v1 as reg;
+use kudos_testkit::proc::wait_for;
+use kudos_testkit::{ControlPlane, ControlPlaneOptions, RunDir};
+use std::path::Path;
+use std::time::Duration;
+use support::Plugin;
+
+const NODE: &str = "node-a";
+const SLICE: &str = "node-a-gpu.kudos.dev";
+const WAIT: Duration = Duration::from_secs(20);
+const POLL: Duration = Duration::from_millis(100);
+
+fn plugin_flags(tmp: &Path, fake: &FakeNvml, kubeconfig: &Path) -> Vec<String> {
+    let p = |name: &str| tmp.join(name).display().to_string();
+    vec![
+        "--allocation-api=dra".into(),
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--kubelet-registry-dir={}", p("registry")),
+        format!("--kubelet-plugins-dir={}", p("plugins")),
+        format!("--cdi-root={}", p("cdi")),
+        format!("--device-plugin-dir={}", p("device-plugins")),
+        format!("--name-cache={}", p("state/resource-name")),
+        format!("--nvml-library={}", fake.library().display()),
+        format!("--dev-root={}", p("host")),
+        "--backends=nvidia".into(),
+        "--nvidia-device-specs".into(),
+        "--probe-interval=100ms".into(),
+        "--recovery-quiet=2s".into(),
+    ]
+}
+
+fn taints(slice: &res::ResourceSlice, device: &str) -> Vec<String> {
+    slice
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .filter(|d| d.name == device)
+        .flat_map(|d| {
+            d.taints
+                .iter()
+                .flatten()
+                .map(|t| format!("{}:{}", t.key, t.effect))
+        })
+        .collect()
+}
+
+async fn dra_client(
+    socket: &Path,
+) -> anyhow::Result<dra::dra_plugin_client::DraPluginClient<tonic::transport::Channel>> {
+    let channel = wait_for("the DRA socket", WAIT, POLL, async || {
+        connect_unix(socket).await.ok()
+    })
+    .await?;
+    Ok(dra::dra_plugin_client::DraPluginClient::new(channel))
+}
+
+/// A claim for one GPU of the `kudos-gpu` class, allocated `device` of this node's pool
+/// through the status subresource, as the scheduler would.
+async fn allocated_claim(
+    claims: &Api<res::ResourceClaim>,
+    name: &str,
+    device: &str,
+) -> anyhow::Result<res::ResourceClaim> {
+    let mut c = res::ResourceClaim::default();
+    c.metadata.name = Some(name.into());
+    c.spec.devices = Some(res::DeviceClaim {
+        requests: Some(vec![res::DeviceRequest {
+            name: "gpu".into(),
+            exactly: Some(res::ExactDeviceRequest {
+                device_class_name: kudos_api::dra::DEVICE_CLASS.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    claims.create(&PostParams::default(), &c).await?;
+    let status = serde_json::json!({
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
+        ]}}}
+    });
+    Ok(claims
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dra_mode_publishes_prepares_and_keeps_claims_across_a_restart() -> anyhow::Result<()> {
+    let opts = ControlPlaneOptions::default();
+    let Some(run) = RunDir::for_test("dp-dra", &opts.bins())? else {
+        return Ok(());
+    };
+    let cp = ControlPlane::start(&run, opts).await?;
+    // Unix socket paths are short: a temporary directory rather than the run directory.
+    let tmp = tempfile::tempdir()?;
+    let nvml_dir = tmp.path().join("nvml");
+    std::fs::create_dir_all(&nvml_dir)?;
+    let mut fake = FakeNvml::new(&nvml_dir, 2)?;
+    let flags = plugin_flags(tmp.path(), &fake, &cp.kubeconfig);
+    let names: Vec<String> = fake
+        .devices
+        .iter()
+        .map(|d| device_name(&format!("nv-{}", d.uuid)))
+        .collect();
+    let plugin = Plugin::start(&flags);
+
+    // === the ResourceSlice ===
+    let slices: Api<res::ResourceSlice> = Api::all(cp.client.clone());
+    let slice = wait_for("the ResourceSlice", WAIT, POLL, async || {
+        slices.get_opt(SLICE).await.ok().flatten()
+    })
+    .await?;
+    assert_eq!(slice.spec.driver, DRIVER);
+    assert_eq!(slice.spec.node_name.as_deref(), Some(NODE));
+    assert_eq!(
+        (
+            slice.spec.pool.name.as_str(),
+            slice.spec.pool.resource_slice_count
+        ),
+        (NODE, 1)
+    );
+    let devices = slice.spec.devices.clone().unwrap_or_default();
+    let published: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(published, names);
+    let attrs = devices[1].attributes.clone().unwrap_or_default();
+    let s = |k: &str| {
+        attrs
+            .get(k)
+            .and_then(|a| a.string.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(s(attribute::VENDOR), "nvidia");
+    assert_eq!(s(attribute::MODEL), "NVIDIA H100 80GB HBM3");
+    assert_eq!(s(attribute::UUID), fake.devices[1].uuid);
+    assert_eq!(
+        s(attribute::DEVICE_ID),
+        format!("nv-{}", fake.devices[1].uuid)
+    );
+    assert_eq!(attrs[attribute::NUMA_NODE].int, Some(0));
+    let memory = &devices[1].capacity.as_ref().expect("capacity")["memory"]
+        .value
+        .0;
+    assert_eq!(
+        memory,
+        &(80_u64 << 30).to_string(),
+        "device memory in bytes"
+    );
+    assert!(taints(&slice, &names[1]).is_empty());
+    assert!(
+        std::fs::read_dir(tmp.path().join("device-plugins"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+            == 0,
+        "DRA mode serves no device-plugin socket"
+    );
+
+    // === registration, as the kubelet's plugin watcher asks ===
+    let reg_socket = tmp.path().join("registry/gpu.kudos.dev-reg.sock");
+    let dra_socket = tmp.path().join("plugins/gpu.kudos.dev/dra.sock");
+    let channel = wait_for("the registration socket", WAIT, POLL, async || {
+        connect_unix(&reg_socket).await.ok()
+    })
+    .await?;
+    let mut registration = reg::registration_client::RegistrationClient::new(channel);
+    let info = registration
+        .get_info(reg::InfoRequest {})
+        .await?
+        .into_inner();
+    assert_eq!(
+        info,
+        reg::PluginInfo {
+            r#type: "DRAPlugin".into(),
+            name: DRIVER.into(),
+            endpoint: dra_socket.display().to_string(),
+            supported_versions: vec!["v1.DRAPlugin".into()],
+        }
+    );
+    registration
+        .notify_registration_status(reg::RegistrationStatus {
+            plugin_registered: true,
+            error: String::new(),
+        })
+        .await?;
+
+    // === an unhealthy device is tainted, and untainted once it recovers ===
+    let generation = slice.spec.pool.generation;
+    fake.xid(1, 79);
+    fake.write()?;
+    let tainted = wait_for("the unhealthy taint", WAIT, POLL, async || {
+        let s = slices.get_opt(SLICE).await.ok().flatten()?;
+        (!taints(&s, &names[1]).is_empty()).then_some(s)
+    })
+    .await?;
+    assert_eq!(
+        taints(&tainted, &names[1]),
+        [format!("{UNHEALTHY_TAINT_KEY}:NoSchedule")]
+    );
+    assert!(taints(&tainted, &names[0]).is_empty());
+    assert!(tainted.spec.pool.generation > generation);
+    let recovered = wait_for("the taint removed", WAIT, POLL, async || {
+        let s = slices.get_opt(SLICE).await.ok().flatten()?;
+        taints(&s, &names[1]).is_empty().then_some(s)
+    })
+    .await?;
+    assert!(recovered.spec.pool.generation > tainted.spec.pool.generation);
+
+    // === a claim allocated device 0, prepared over the DRA socket ===
+    let claims: Api<res::ResourceClaim> = Api::namespaced(cp.client.clone(), "default");
+    let claim = allocated_claim(&claims, "train", &names[0]).await?;
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
+    let wire = dra::Claim {
+        namespace: "default".into(),
+        uid: uid.clone(),
+        name: "train".into(),
+    };
+    let mut client = dra_client(&dra_socket).await?;
+    let stranger = dra::Claim {
+        uid: "0b6e3c9a-0000-0000-0000-000000000000".into(),
+        ..wire.clone()
+    };
+    let resp = client
+        .node_prepare_resources(dra::NodePrepareResourcesRequest {
+            claims: vec![wire.clone(), stranger.clone()],
+        })
+        .await?
+        .into_inner();
+    let prepared = resp.claims[&uid].clone();
+    assert_eq!(prepared.error, "");
+    let cdi_id = format!("gpu.kudos.dev/gpu={uid}-{}", names[0]);
+    assert_eq!(
+        prepared.devices,
+        [dra::Device {
+            request_names: vec!["gpu".into()],
+            pool_name: NODE.into(),
+            device_name: names[0].clone(),
+            cdi_device_ids: vec![cdi_id],
+            share_id: None,
+        }]
+    );
+    // The same name with another UID: a replaced claim, refused in its own entry.
+    assert!(resp.claims[&stranger.uid].error.contains("re-created"));
+
+    let cdi_file = tmp.path().join(format!("cdi/gpu.kudos.dev-{uid}.json"));
+    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&cdi_file)?)?;
+    assert_eq!(spec["cdiVersion"], "0.6.0");
+    assert_eq!(spec["kind"], "gpu.kudos.dev/gpu");
+    let device = &spec["devices"][0];
+    assert_eq!(device["name"], format!("{uid}-{}", names[0]));
+    assert_eq!(
+        device["containerEdits"]["env"],
+        serde_json::json!([format!("NVIDIA_VISIBLE_DEVICES={}", fake.devices[0].uuid)])
+    );
+    let host = tmp.path().join("host/dev").display().to_string();
+    assert_eq!(
+        device["containerEdits"]["deviceNodes"],
+        serde_json::json!([
+            {"path": "/dev/nvidiactl", "hostPath": format!("{host}/nvidiactl"), "permissions": "rw"},
+            {"path": "/dev/nvidia0", "hostPath": format!("{host}/nvidia0"), "permissions": "rw"},
+        ])
+    );
+
+    // === restart: the claim survives in the checkpoint, without the API server's copy ===
+    plugin.stop().await;
+    assert!(
+        !reg_socket.exists() && !dra_socket.exists(),
+        "sockets removed"
+    );
+    claims.delete("train", &DeleteParams::default()).await?;
+    let plugin = Plugin::start(&flags);
+    let mut client = dra_client(&dra_socket).await?;
+    let again = client
+        .node_prepare_resources(dra::NodePrepareResourcesRequest {
+            claims: vec![wire.clone()],
+        })
+        .await?
+        .into_inner();
+    assert_eq!(
+        again.claims[&uid], prepared,
+        "idempotent, from the checkpoint"
+    );
+    for _ in 0..2 {
+        let resp = client
+            .node_unprepare_resources(dra::NodeUnprepareResourcesRequest {
+                claims: vec![wire.clone()],
+            })
+            .await?
+            .into_inner();
+        assert_eq!(resp.claims[&uid].error, "", "unprepare is idempotent");
+    }
+    assert!(!cdi_file.exists(), "the CDI spec is removed");
+    plugin.stop().await;
+    run.pass();
+    Ok(())
+}
+
+/// `--allocation-api=auto`: the orchestrator's answer picks the API, a changed answer switches
+/// it (leaving DRA deletes the slice), and the cached answer holds while the orchestrator is
+/// down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_orchestrators_answer_picks_and_switches_the_api() -> anyhow::Result<()> {
+    let opts = ControlPlaneOptions::default();
+    let Some(run) = RunDir::for_test("dp-dra-switch", &opts.bins())? else {
+        return Ok(());
+    };
+    let cp = ControlPlane::start(&run, opts).await?;
+    let tmp = tempfile::tempdir()?;
+    let nvml_dir = tmp.path().join("nvml");
+    std::fs::create_dir_all(&nvml_dir)?;
+    let fake = FakeNvml::new(&nvml_dir, 1)?;
+    let stub = support::Registry::named("kudos.dev/gpu");
+    *stub.allocation_api.lock().expect("lock") = "dra".into();
+    let (addr, _server) = support::serve_registry_on_loopback(stub.clone()).await;
+    let dp_dir = tmp.path().join("device-plugins");
+    std::fs::create_dir_all(&dp_dir)?;
+    let mut kubelet = support::Kubelet::new(&dp_dir);
+    kubelet.start();
+    let mut flags = plugin_flags(tmp.path(), &fake, &cp.kubeconfig);
+    flags.retain(|f| !f.starts_with("--allocation-api"));
+    flags.push(format!("--orchestrator-addr={addr}"));
+    flags.push("--report-interval=200ms".into());
+    let reg_socket = tmp.path().join("registry/gpu.kudos.dev-reg.sock");
+    let slices: Api<res::ResourceSlice> = Api::all(cp.client.clone());
+    let slice_is = async |present: bool| {
+        wait_for("the ResourceSlice", WAIT, POLL, async || {
+            let found = slices.get_opt(SLICE).await.ok()?.is_some();
+            (found == present).then_some(())
+        })
+        .await
+    };
+
+    // "dra": a slice and a registration socket, no device-plugin registration.
+    let plugin = Plugin::start(&flags);
+    slice_is(true).await?;
+    assert!(reg_socket.exists());
+    kubelet
+        .no_registration_for(Duration::from_millis(500))
+        .await;
+
+    // "device-plugin": registered with the kubelet, the slice and the DRA sockets gone.
+    *stub.allocation_api.lock().expect("lock") = "device-plugin".into();
+    let (registered, _) = kubelet.registration().await;
+    assert_eq!(registered.resource_name, "kudos.dev/gpu");
+    slice_is(false).await?;
+    assert!(!reg_socket.exists());
+    assert_eq!(
+        std::fs::read_to_string(tmp.path().join("state/allocation-api"))?,
+        "device-plugin\n"
+    );
+
+    // Back to "dra", then a restart with the orchestrator down: the cached answer holds.
+    *stub.allocation_api.lock().expect("lock") = "dra".into();
+    slice_is(true).await?;
+    wait_for("the device-plugin socket removed", WAIT, POLL, async || {
+        (!dp_dir.join("kudos.sock").exists()).then_some(())
+    })
+    .await?;
+    plugin.stop().await;
+    let dead = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let dead_addr = format!("http://{}", dead.local_addr()?);
+    drop(dead);
+    flags.retain(|f| !f.starts_with("--orchestrator-addr"));
+    flags.push(format!("--orchestrator-addr={dead_addr}"));
+    let plugin = Plugin::start(&flags);
+    wait_for("the registration socket", WAIT, POLL, async || {
+        reg_socket.exists().then_some(())
+    })
+    .await?;
+    kubelet
+        .no_registration_for(Duration::from_millis(500))
+        .await;
+    plugin.stop().await;
+    run.pass();
+    Ok(())
+}
