@@ -139,6 +139,10 @@ pub struct ExtenderConfig {
     /// Seconds a client has to send a request's headers before the connection is closed.
     /// Default 10.
     pub header_read_timeout_seconds: Option<f64>,
+    /// One Kubernetes Event per GPU pod saying why Kudos ranked its nodes as it did (what
+    /// `kubectl describe pod` shows). Default true. Each is one more API-server write per pod;
+    /// `/explain` answers the same question without it.
+    pub pod_events: Option<bool>,
 }
 
 /// Store kind.
@@ -354,6 +358,8 @@ pub struct Settings {
     pub max_connections: usize,
     /// Time a client has to send request headers.
     pub header_read_timeout: Duration,
+    /// Whether the extender writes one Event per GPU pod.
+    pub pod_events: bool,
     /// Store kind.
     pub store_kind: StoreKind,
     /// File store path.
@@ -535,6 +541,7 @@ impl Settings {
             max_concurrent_requests,
             max_connections,
             header_read_timeout,
+            pod_events: args.pod_events.or(file.extender.pod_events).unwrap_or(true),
             store_kind,
             store_path: args
                 .store_path

@@ -4,8 +4,9 @@
 //! The extender only hands the event to a bounded channel (`try_send`, never awaited): a slow
 //! or refusing API server costs scheduling nothing, and a full channel drops the event
 //! (counted in the log at debug). Each pod gets one event, for its first ranking by
-//! `prioritize` (the ranking kube-scheduler uses); pods already evented are remembered by UID,
-//! bounded like the explain cache.
+//! `prioritize` (the ranking kube-scheduler uses), or by `filter` when one node passes it
+//! (kube-scheduler then skips scoring); pods already evented are remembered by UID, bounded
+//! like the explain cache.
 
 use std::sync::{Arc, Mutex};
 

@@ -118,6 +118,10 @@ pub struct Args {
     /// kudos.dev/allocation-api label overrides it [file: nodes.allocationApi; default device-plugin].
     #[arg(long, env = "KUDOS_ALLOCATION_API", value_enum, value_name = "API")]
     pub allocation_api: Option<dra::AllocationPolicy>,
+    /// Write one Kubernetes Event per GPU pod explaining its ranking (one API-server write per
+    /// pod; /explain answers without it) [file: extender.podEvents; default true].
+    #[arg(long, env = "KUDOS_POD_EVENTS", value_name = "BOOL")]
+    pub pod_events: Option<bool>,
     /// Derive plugin images and apply one plugin DaemonSet per plugin group; needs a cluster
     /// and rollout.baseImage/repository [file: rollout.enabled; default false].
     #[arg(long, env = "KUDOS_ROLLOUT", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
@@ -444,7 +448,10 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         unified: s.unified_resource_name.clone(),
         last_filter: Default::default(),
-        events: client.clone().map(events::PodEvents::spawn),
+        events: client
+            .clone()
+            .filter(|_| s.pod_events)
+            .map(events::PodEvents::spawn),
     };
     let (tls, access) = http_security(&s, client.as_ref())?;
     let http_state = Arc::new(http::HttpState {

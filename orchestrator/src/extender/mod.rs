@@ -547,6 +547,14 @@ impl Extender {
             }
         }
         tracing::debug!(passed = passed.len(), failed = failed.len(), "filtered");
+        // kube-scheduler skips scoring when one node is feasible, and the extender's filter is
+        // its last: with one node passing, no prioritize follows, so the pod's ranking event
+        // is written here (once per pod either way).
+        if passed.len() == 1
+            && let Some(events) = &self.events
+        {
+            events.ranked(&facts, &ev.explained);
+        }
         if facts.gang.is_none()
             && !facts.uid.is_empty()
             && let Ok(mut g) = self.last_filter.0.lock()
