@@ -1,28 +1,41 @@
-//! A do-nothing scheduler extender (filter echoes `NodeNames`, prioritize scores every node
-//! 0) on loopback, HTTP/1.1 keep-alive, one thread per connection: the floor of what the
-//! extender protocol itself costs kube-scheduler, to compare Kudos against.
+//! A do-nothing scheduler extender on loopback, HTTP/1.1 keep-alive, one thread per connection:
+//! `filter` echoes `NodeNames`, `prioritize` scores every node 0 and, when it is given an API
+//! client, `bind` posts the Binding kube-scheduler asks for (what Kudos' `bind` does, minus every
+//! check). The floor of what the extender protocol itself costs kube-scheduler with the same
+//! verbs Kudos is configured with, to compare Kudos against.
 
 use anyhow::Result;
+use k8s_openapi::api::core::v1::{Binding, Pod};
+use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 
+/// Where `bind` posts Bindings: an API client and the runtime to run it on (the server's
+/// threads are plain threads).
+#[derive(Clone)]
+pub struct Binder {
+    pub client: kube::Client,
+    pub runtime: tokio::runtime::Handle,
+}
+
 /// Starts the server; returns its `http://127.0.0.1:<port>` URL prefix (verbs `filter`,
-/// `prioritize`). It lives until the process exits.
-pub fn start() -> Result<String> {
+/// `prioritize`, and `bind` when `binder` is given). It lives until the process exits.
+pub fn start(binder: Option<Binder>) -> Result<String> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     let url = format!("http://{}", l.local_addr()?);
     std::thread::spawn(move || {
         for c in l.incoming().flatten() {
+            let binder = binder.clone();
             std::thread::spawn(move || {
-                let _ = serve(c);
+                let _ = serve(c, binder.as_ref());
             });
         }
     });
     Ok(url)
 }
 
-fn serve(c: TcpStream) -> Result<()> {
+fn serve(c: TcpStream, binder: Option<&Binder>) -> Result<()> {
     c.set_nodelay(true)?;
     let mut w = c.try_clone()?;
     let mut r = BufReader::new(c);
@@ -48,16 +61,20 @@ fn serve(c: TcpStream) -> Result<()> {
         let mut body = vec![0; len];
         r.read_exact(&mut body)?;
         let args: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-        let names = args["NodeNames"].as_array().cloned().unwrap_or_default();
-        let out = if path.ends_with("/prioritize") {
-            Value::Array(
-                names
-                    .iter()
-                    .map(|n| json!({"Host": n, "Score": 0}))
-                    .collect(),
-            )
+        let out = if path.ends_with("/bind") {
+            json!({"Error": bind(binder, &args).err().map(|e| format!("{e:#}")).unwrap_or_default()})
         } else {
-            json!({"NodeNames": names, "FailedNodes": {}, "Error": ""})
+            let names = args["NodeNames"].as_array().cloned().unwrap_or_default();
+            if path.ends_with("/prioritize") {
+                Value::Array(
+                    names
+                        .iter()
+                        .map(|n| json!({"Host": n, "Score": 0}))
+                        .collect(),
+                )
+            } else {
+                json!({"NodeNames": names, "FailedNodes": {}, "Error": ""})
+            }
         };
         let b = out.to_string();
         write!(
@@ -67,4 +84,29 @@ fn serve(c: TcpStream) -> Result<()> {
         )?;
         w.flush()?;
     }
+}
+
+/// Posts the Binding of `ExtenderBindingArgs` (`PodName`, `PodNamespace`, `PodUID`, `Node`).
+fn bind(binder: Option<&Binder>, args: &Value) -> Result<()> {
+    let Some(b) = binder else {
+        anyhow::bail!("this null extender was started without an API client to bind with");
+    };
+    let field = |k: &str| args[k].as_str().unwrap_or_default().to_string();
+    let (name, ns, uid, node) = (
+        field("PodName"),
+        field("PodNamespace"),
+        field("PodUID"),
+        field("Node"),
+    );
+    let binding: Binding = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": name, "namespace": ns, "uid": uid},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }))?;
+    let pods: Api<Pod> = Api::namespaced(b.client.clone(), &ns);
+    b.runtime.block_on(async {
+        pods.create_subresource::<_, Value>("binding", &name, &PostParams::default(), &binding)
+            .await
+    })?;
+    Ok(())
 }

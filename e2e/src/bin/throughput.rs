@@ -1,19 +1,21 @@
 //! Scheduling throughput through the real kube-scheduler, with and without the Kudos extender.
 //!
-//! For each mode: a fresh etcd + kube-apiserver, the Alibaba 2023 GPU-node shapes (1,213 nodes)
-//! as Node objects, N pending pods (`kudos.dev/gpu: 1`, a `kudos.dev/class` label), then
-//! kube-scheduler is started (plain, or wired to a `kudos-orchestrator` started against the
-//! same API server) and a watch times the bindings. Throughput = bound pods / (last bind -
-//! first bind). Prints a table and one JSON line.
+//! For each mode: a fresh etcd + kube-apiserver, the Alibaba 2023 GPU-node shapes (1,213 nodes;
+//! repeated under new names for more) as Node objects, N pending pods (`kudos.dev/gpu: 1` and a
+//! `kudos.dev/class` label; with `--non-gpu F` that fraction asks for CPU and memory only), then
+//! kube-scheduler is started (plain, or wired to a `kudos-orchestrator` or a do-nothing
+//! extender started against the same API server) and a watch times the bindings. Throughput of
+//! a kind of pod = its bound pods / (its last bind - its first bind). Prints a table, the
+//! ratios, and one JSON line.
 //!
-//! `kudos-e2e-throughput [--pods N] [--qps Q] [--modes baseline,kudos,kudos-prioritize,null-extender] [--nodes N]`
+//! `kudos-e2e-throughput --help` lists the flags.
 
 use anyhow::{Context, Result, bail};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use kudos_e2e::nodes::{alibaba_shapes, create_nodes};
+use kudos_e2e::nodes::{NodeShape, alibaba_shapes, create_nodes};
 use kudos_e2e::orchestrator::Orchestrator;
 use kudos_e2e::paths::{kudos_bin, upstream_bin};
 use kudos_e2e::{ControlPlane, ControlPlaneOptions, ExtenderOptions, RunDir, require_bins};
@@ -23,50 +25,144 @@ use std::time::{Duration, Instant};
 
 const CLASSES: [&str; 4] = ["resnet50", "transformer", "lm", "recommendation"];
 
+const HELP: &str = "\
+kudos-e2e-throughput: pods/s through the real kube-scheduler, with and without an extender
+
+USAGE: kudos-e2e-throughput [--pods N] [--nodes N] [--non-gpu F] [--qps Q] [--modes M,M,...]
+
+  --pods N       pending pods per mode (default 1000)
+  --nodes N      Node objects (default: the 1,213 Alibaba 2023 GPU-node shapes; fewer takes the
+                 first N, more repeats the shapes under new names)
+  --non-gpu F    fraction of pods that ask for CPU and memory only (default 0; 0.9 is the mixed
+                 workload: the extender's managedResources keeps them away from it)
+  --qps Q        kube-scheduler's API client QPS and burst (default 1000)
+  --modes M,...  any of (default baseline,null-extender,kudos):
+                   baseline          no extender
+                   null-extender     a do-nothing extender with the verbs the kudos mode uses
+                                     (as deploy/scheduler configures: filter, prioritize, bind)
+                   null-extender-fp  a do-nothing extender, filter + prioritize, kube-scheduler binds
+                   kudos             kudos-orchestrator as deploy/scheduler configures it
+                   kudos-prioritize  the same without filter
+                   kudos-no-events   kudos without its one Event per pod (--pod-events false)
+
+Needs etcd, kube-apiserver and kube-scheduler in e2e/_out/bin (e2e/build) and
+kudos-orchestrator in target/debug or $KUDOS_BIN_DIR (use a release build for figures).
+";
+
 struct Opts {
     pods: usize,
     qps: u32,
     modes: Vec<String>,
     nodes: Option<usize>,
+    non_gpu: f64,
 }
 
-/// Parses the flags. Modes: `baseline` (no extender), `kudos` (the extender as
-/// `deploy/scheduler` ships it), `kudos-prioritize` (the same without filter), `null-extender`
-/// (filter + prioritize answered by a do-nothing server, kube-scheduler binds: the protocol's
-/// floor).
 fn parse() -> Result<Opts> {
     let mut o = Opts {
         pods: 1000,
         qps: 1000,
-        modes: vec!["baseline".into(), "kudos".into()],
+        modes: vec!["baseline".into(), "null-extender".into(), "kudos".into()],
         nodes: None,
+        non_gpu: 0.0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut v = || it.next().with_context(|| format!("{a} needs a value"));
         match a.as_str() {
-            "--pods" => o.pods = v()?.parse()?,
-            "--qps" => o.qps = v()?.parse()?,
-            "--nodes" => o.nodes = Some(v()?.parse()?),
+            "--pods" => o.pods = v()?.parse().context("--pods")?,
+            "--qps" => o.qps = v()?.parse().context("--qps")?,
+            "--nodes" => o.nodes = Some(v()?.parse().context("--nodes")?),
+            "--non-gpu" => o.non_gpu = v()?.parse().context("--non-gpu")?,
             "--modes" => o.modes = v()?.split(',').map(str::to_string).collect(),
             "-h" | "--help" => {
-                println!(
-                    "kudos-e2e-throughput [--pods N=1000] [--qps Q=1000] [--modes baseline,kudos,kudos-prioritize,null-extender] [--nodes N]"
-                );
+                print!("{HELP}");
                 std::process::exit(0);
             }
-            _ => bail!("unknown argument {a}"),
+            _ => bail!("unknown argument {a} (see --help)"),
+        }
+    }
+    if !(0.0..=1.0).contains(&o.non_gpu) {
+        bail!("--non-gpu must be a fraction in 0..=1, got {}", o.non_gpu);
+    }
+    for m in &o.modes {
+        if !MODES.contains(&m.as_str()) {
+            bail!("unknown mode {m}; modes: {}", MODES.join(", "));
         }
     }
     Ok(o)
 }
 
+const MODES: [&str; 6] = [
+    "baseline",
+    "null-extender",
+    "null-extender-fp",
+    "kudos",
+    "kudos-prioritize",
+    "kudos-no-events",
+];
+
+/// Whether pod `i` asks for no GPU: spreads `fraction` of the pods evenly through the queue.
+fn is_non_gpu(i: usize, fraction: f64) -> bool {
+    (((i + 1) as f64) * fraction).floor() > ((i as f64) * fraction).floor()
+}
+
+/// `n` node shapes: the Alibaba ones, cut or repeated under new names.
+fn cluster_shapes(n: Option<usize>) -> Result<Vec<NodeShape>> {
+    let base = alibaba_shapes()?;
+    let Some(n) = n else { return Ok(base) };
+    if base.is_empty() {
+        bail!("no node shapes");
+    }
+    Ok((0..n)
+        .map(|i| {
+            let mut s = base[i % base.len()].clone();
+            if i >= base.len() {
+                s.name = format!("{}-r{}", s.name, i / base.len());
+            }
+            s
+        })
+        .collect())
+}
+
+/// Bindings of one kind of pod (GPU or not).
+#[derive(Default)]
+struct Kind {
+    pods: usize,
+    bound: usize,
+    first: Option<Instant>,
+    last: Option<Instant>,
+}
+
+impl Kind {
+    fn record(&mut self, at: Instant) {
+        self.bound += 1;
+        self.first.get_or_insert(at);
+        self.last = Some(at);
+    }
+    fn window(&self) -> Duration {
+        match (self.first, self.last) {
+            (Some(f), Some(l)) => l - f,
+            _ => Duration::ZERO,
+        }
+    }
+    fn rate(&self) -> f64 {
+        if self.bound < 2 {
+            return 0.0;
+        }
+        (self.bound - 1) as f64 / self.window().as_secs_f64().max(1e-9)
+    }
+    fn json(&self) -> serde_json::Value {
+        json!({"pods": self.pods, "bound": self.bound, "bind_window_s": self.window().as_secs_f64(),
+               "pods_per_s": self.rate()})
+    }
+}
+
 struct Outcome {
     mode: String,
-    pods: usize,
     nodes: usize,
-    bound: usize,
-    bind_window: Duration,
+    all: Kind,
+    gpu: Kind,
+    non_gpu: Kind,
     since_start: Duration,
     /// (verb, mean ms, calls) as the orchestrator measured its extender handlers.
     extender_ms: Vec<(String, f64, u64)>,
@@ -74,22 +170,27 @@ struct Outcome {
     cpu: Vec<(String, f64)>,
 }
 
-impl Outcome {
-    fn rate(&self) -> f64 {
-        if self.bound < 2 {
-            return 0.0;
-        }
-        (self.bound - 1) as f64 / self.bind_window.as_secs_f64().max(1e-9)
-    }
+fn pod(i: usize, non_gpu: bool) -> Result<Pod> {
+    let (res, labels) = if non_gpu {
+        (json!({"cpu": "1", "memory": "1Gi"}), json!({}))
+    } else {
+        (
+            json!({"cpu": "1", "memory": "1Gi", "kudos.dev/gpu": "1"}),
+            json!({"kudos.dev/class": CLASSES[i % CLASSES.len()]}),
+        )
+    };
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("bench-{i:05}"), "labels": labels},
+        "spec": {"containers": [{"name": "main", "image": "registry.invalid/none:0",
+                 "resources": {"requests": res, "limits": res}}]}
+    }))?)
 }
 
 async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
     let run = RunDir::new(&format!("throughput-{mode}"))?;
     let mut cp = ControlPlane::start(&run, ControlPlaneOptions::default()).await?;
-    let mut shapes = alibaba_shapes()?;
-    if let Some(n) = o.nodes {
-        shapes.truncate(n);
-    }
+    let shapes = cluster_shapes(o.nodes)?;
     let t = Instant::now();
     create_nodes(&cp.client, &shapes, "kudos.dev/gpu").await?;
     eprintln!(
@@ -100,18 +201,13 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
 
     let pods: Api<Pod> = Api::namespaced(cp.client.clone(), "default");
     let t = Instant::now();
+    let non_gpu: Vec<bool> = (0..o.pods).map(|i| is_non_gpu(i, o.non_gpu)).collect();
     futures::stream::iter(0..o.pods)
         .map(|i| {
             let pods = pods.clone();
+            let p = pod(i, non_gpu[i]);
             async move {
-                let res = json!({"cpu": "1", "memory": "1Gi", "kudos.dev/gpu": "1"});
-                let p: Pod = serde_json::from_value(json!({
-                    "apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": format!("bench-{i:05}"), "labels": {"kudos.dev/class": CLASSES[i % CLASSES.len()]}},
-                    "spec": {"containers": [{"name": "main", "image": "registry.invalid/none:0",
-                             "resources": {"requests": res, "limits": res}}]}
-                }))?;
-                pods.create(&PostParams::default(), &p).await?;
+                pods.create(&PostParams::default(), &p?).await?;
                 anyhow::Ok(())
             }
         })
@@ -121,28 +217,37 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
     eprintln!("[{mode}] {} pods created in {:?}", o.pods, t.elapsed());
 
     let mut orch = None;
-    let extender = if mode == "null-extender" {
-        let mut e = ExtenderOptions::kudos(kudos_e2e::null_extender::start()?);
-        e.filter_verb = Some("filter".into());
-        e.prioritize_verb = Some("prioritize".into());
-        e.bind_verb = None;
-        Some(e)
-    } else if mode.starts_with("kudos") {
-        let names: Vec<String> = shapes.iter().map(|s| s.name.clone()).collect();
-        let orc = Orchestrator::start(run.path(), Some(&cp.kubeconfig), &names, &[]).await?;
-        let mut e = ExtenderOptions::kudos(orc.extender_url());
-        match mode {
-            "kudos" => {}
-            "kudos-prioritize" => {
+    let extender = match mode {
+        "baseline" => None,
+        "null-extender" | "null-extender-fp" => {
+            let binder = kudos_e2e::null_extender::Binder {
+                client: cp.client.clone(),
+                runtime: tokio::runtime::Handle::current(),
+            };
+            let mut e = ExtenderOptions::kudos(kudos_e2e::null_extender::start(Some(binder))?);
+            if mode == "null-extender-fp" {
+                e.filter_verb = Some("filter".into());
+                e.prioritize_verb = Some("prioritize".into());
+                e.bind_verb = None;
+            }
+            Some(e)
+        }
+        _ => {
+            let names: Vec<String> = shapes.iter().map(|s| s.name.clone()).collect();
+            let extra: Vec<String> = if mode == "kudos-no-events" {
+                vec!["--pod-events".into(), "false".into()]
+            } else {
+                Vec::new()
+            };
+            let orc = Orchestrator::start(run.path(), Some(&cp.kubeconfig), &names, &extra).await?;
+            let mut e = ExtenderOptions::kudos(orc.extender_url());
+            if mode == "kudos-prioritize" {
                 e.filter_verb = None;
                 e.ignored_by_scheduler = false;
             }
-            _ => bail!("unknown mode {mode}"),
+            orch = Some(orc);
+            Some(e)
         }
-        orch = Some(orc);
-        Some(e)
-    } else {
-        None
     };
 
     // Watch bindings before the scheduler starts.
@@ -175,15 +280,28 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
         .map(|(_, p)| kudos_e2e::proc::cpu_seconds(*p).unwrap_or(0.0))
         .collect();
     let mut bound = HashSet::new();
-    let (mut first, mut last) = (None, None);
+    let (mut all, mut gpu, mut other) = (Kind::default(), Kind::default(), Kind::default());
+    all.pods = o.pods;
+    other.pods = non_gpu.iter().filter(|x| **x).count();
+    gpu.pods = o.pods - other.pods;
     let deadline = start + Duration::from_secs(900);
     while bound.len() < o.pods {
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left.min(Duration::from_secs(60)), rx.recv()).await {
             Ok(Some((name, at))) => {
-                if bound.insert(name) {
-                    first.get_or_insert(at);
-                    last = Some(at);
+                let Some(i) = name
+                    .strip_prefix("bench-")
+                    .and_then(|n| n.parse::<usize>().ok())
+                else {
+                    continue;
+                };
+                if bound.insert(i) {
+                    all.record(at);
+                    if non_gpu.get(i).copied().unwrap_or(false) {
+                        other.record(at);
+                    } else {
+                        gpu.record(at);
+                    }
                 }
             }
             Ok(None) => bail!("pod watch ended"),
@@ -221,14 +339,13 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
     if bound.len() == o.pods {
         run.pass();
     }
-    let (f, l) = (first.unwrap_or(start), last.unwrap_or(start));
     Ok(Outcome {
         mode: mode.to_string(),
-        pods: o.pods,
         nodes: shapes.len(),
-        bound: bound.len(),
-        bind_window: l - f,
-        since_start: l - start,
+        since_start: all.last.map_or(Duration::ZERO, |l| l - start),
+        all,
+        gpu,
+        non_gpu: other,
         extender_ms,
         cpu,
     })
@@ -283,31 +400,45 @@ async fn main() -> Result<()> {
     if !require_bins("throughput", &bins) {
         return Ok(());
     }
+    println!(
+        "# kudos-e2e-throughput {}",
+        std::env::args().skip(1).collect::<Vec<_>>().join(" ")
+    );
     let mut out = Vec::new();
     for m in &o.modes {
         out.push(run_mode(m, &o).await?);
     }
     println!(
-        "{:<10} {:>6} {:>6} {:>6} {:>12} {:>14} {:>9}",
-        "mode", "nodes", "pods", "bound", "bind window", "since start", "pods/s"
+        "{:<17} {:>6} {:>6} {:>6} {:>12} {:>12} {:>9} {:>9} {:>9}",
+        "mode",
+        "nodes",
+        "pods",
+        "bound",
+        "bind window",
+        "since start",
+        "pods/s",
+        "GPU/s",
+        "non-GPU/s"
     );
     for r in &out {
         println!(
-            "{:<10} {:>6} {:>6} {:>6} {:>11.2}s {:>13.2}s {:>9.1}",
+            "{:<17} {:>6} {:>6} {:>6} {:>11.2}s {:>11.2}s {:>9.1} {:>9.1} {:>9.1}",
             r.mode,
             r.nodes,
-            r.pods,
-            r.bound,
-            r.bind_window.as_secs_f64(),
+            r.all.pods,
+            r.all.bound,
+            r.all.window().as_secs_f64(),
             r.since_start.as_secs_f64(),
-            r.rate()
+            r.all.rate(),
+            r.gpu.rate(),
+            r.non_gpu.rate()
         );
     }
     for r in &out {
         let per_pod: Vec<String> = r
             .cpu
             .iter()
-            .map(|(n, c)| format!("{n} {:.2}", c * 1000.0 / r.bound.max(1) as f64))
+            .map(|(n, c)| format!("{n} {:.2}", c * 1000.0 / r.all.bound.max(1) as f64))
             .collect();
         println!("{}: CPU ms per bound pod: {}", r.mode, per_pod.join(", "));
         for (verb, ms, n) in &r.extender_ms {
@@ -317,28 +448,53 @@ async fn main() -> Result<()> {
             );
         }
     }
-    let base = out.iter().find(|r| r.mode == "baseline").map(Outcome::rate);
-    let mut ratios = serde_json::Map::new();
-    for r in out.iter().filter(|r| r.mode != "baseline") {
-        if let Some(b) = base.filter(|b| *b > 0.0) {
-            println!(
-                "ratio {}/baseline = {:.3} (goal >= 0.9)",
-                r.mode,
-                r.rate() / b
-            );
-            ratios.insert(r.mode.clone(), json!(r.rate() / b));
-        }
+    let ratios = ratios(&out);
+    for (name, v) in &ratios {
+        println!("ratio {name} = {v:.3}");
     }
-    let ratio = ratios.get("kudos").cloned();
     let json = json!({
-        "results": out.iter().map(|r| json!({"mode": r.mode, "nodes": r.nodes, "pods": r.pods, "bound": r.bound,
-            "bind_window_s": r.bind_window.as_secs_f64(), "since_scheduler_start_s": r.since_start.as_secs_f64(),
-            "pods_per_s": r.rate(),
+        "command": std::env::args().collect::<Vec<_>>(),
+        "results": out.iter().map(|r| json!({"mode": r.mode, "nodes": r.nodes,
+            "all": r.all.json(), "gpu": r.gpu.json(), "non_gpu": r.non_gpu.json(),
+            "since_scheduler_start_s": r.since_start.as_secs_f64(),
             "cpu_seconds": r.cpu.iter().map(|(n, c)| json!({"process": n, "seconds": c})).collect::<Vec<_>>(),
             "extender_mean_ms": r.extender_ms.iter().map(|(v, ms, n)| json!({"verb": v, "mean_ms": ms, "calls": n})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
-        "ratio": ratio,
-        "ratios": ratios,
+        "ratios": ratios.iter().cloned().collect::<serde_json::Map<_, _>>(),
     });
     println!("{json}");
     Ok(())
+}
+
+/// The ratios the issue sets goals for, each of pods/s of one kind of pod in one run:
+/// `kudos/null-extender` (GPU pods; the mechanism's limit, goal >= 0.95),
+/// `kudos/baseline` (GPU pods, goal >= 0.7; non-GPU pods, goal >= 0.98), and every other mode
+/// against the baseline.
+fn ratios(out: &[Outcome]) -> Vec<(String, serde_json::Value)> {
+    let find = |m: &str| out.iter().find(|r| r.mode == m);
+    let mut v = Vec::new();
+    let mut put = |name: String, a: f64, b: f64| {
+        if a > 0.0 && b > 0.0 {
+            v.push((name, json!(a / b)));
+        }
+    };
+    if let Some(base) = find("baseline") {
+        for r in out.iter().filter(|r| r.mode != "baseline") {
+            put(
+                format!("{}/baseline gpu", r.mode),
+                r.gpu.rate(),
+                base.gpu.rate(),
+            );
+            put(
+                format!("{}/baseline non-gpu", r.mode),
+                r.non_gpu.rate(),
+                base.non_gpu.rate(),
+            );
+        }
+    }
+    for k in ["kudos", "kudos-prioritize", "kudos-no-events"] {
+        if let (Some(a), Some(b)) = (find(k), find("null-extender")) {
+            put(format!("{k}/null-extender gpu"), a.gpu.rate(), b.gpu.rate());
+        }
+    }
+    v
 }
