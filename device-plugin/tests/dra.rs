@@ -2,8 +2,11 @@
 //! the plugin (in-process, NVIDIA devices from the fake NVML) publishes its ResourceSlice,
 //! taints a device that goes unhealthy, answers the kubelet's registration `GetInfo`, prepares
 //! a ResourceClaim allocated through the status subresource over the real Unix socket (CDI
-//! spec written), and after a restart unprepares it from its checkpoint alone. Skips with a
-//! message when the binaries are missing; `KUDOS_E2E_REQUIRE=1` turns the skip into a failure.
+//! spec written), and after a restart unprepares it from its checkpoint alone. A second test
+//! puts the real kube-scheduler between the two: a pod asking for `kudos.dev/gpu: 1` is given a
+//! claim on the plugin's slice through the `kudos-gpu` DeviceClass, never the tainted device,
+//! and the plugin prepares that claim. Skips with a message when the binaries are missing;
+//! `KUDOS_E2E_REQUIRE=1` turns the skip into a failure.
 
 mod support;
 
@@ -306,6 +309,164 @@ async fn dra_mode_publishes_prepares_and_keeps_claims_across_a_restart() -> anyh
     }
     assert!(!cdi_file.exists(), "the CDI spec is removed");
     plugin.stop().await;
+    run.pass();
+    Ok(())
+}
+
+/// The chain without the kubelet: the plugin's own slice (device 1 tainted unhealthy), the
+/// chart's `kudos-gpu` DeviceClass, the real kube-scheduler allocating a pod's `kudos.dev/gpu`
+/// through it, and the plugin preparing the claim the scheduler made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_scheduler_allocates_from_the_plugins_slice_and_the_plugin_prepares_it()
+-> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Pod;
+    let opts = ControlPlaneOptions {
+        scheduler: true,
+        ..Default::default()
+    };
+    let Some(run) = RunDir::for_test("dp-dra-scheduler", &opts.bins())? else {
+        return Ok(());
+    };
+    let mut cp = ControlPlane::start(&run, ControlPlaneOptions::default()).await?;
+    let tmp = tempfile::tempdir()?;
+    let nvml_dir = tmp.path().join("nvml");
+    std::fs::create_dir_all(&nvml_dir)?;
+    let mut fake = FakeNvml::new(&nvml_dir, 2)?;
+    let mut flags = plugin_flags(tmp.path(), &fake, &cp.kubeconfig);
+    // Device 1 stays unhealthy for the whole test.
+    flags.retain(|f| !f.starts_with("--recovery-quiet"));
+    flags.push("--recovery-quiet=10m".into());
+    let names: Vec<String> = fake
+        .devices
+        .iter()
+        .map(|d| device_name(&format!("nv-{}", d.uuid)))
+        .collect();
+    let plugin = Plugin::start(&flags);
+    let slices: Api<res::ResourceSlice> = Api::all(cp.client.clone());
+    // The XID only counts once the plugin watches for it: after its first slice.
+    wait_for("the ResourceSlice", WAIT, POLL, async || {
+        slices.get_opt(SLICE).await.ok().flatten()
+    })
+    .await?;
+    fake.xid(1, 79);
+    fake.write()?;
+    wait_for("the slice with device 1 tainted", WAIT, POLL, async || {
+        let s = slices.get_opt(SLICE).await.ok().flatten()?;
+        (!taints(&s, &names[1]).is_empty()).then_some(())
+    })
+    .await?;
+
+    // The Node (no kudos.dev/gpu allocatable: its devices are in the slice) and the class.
+    let shape = kudos_testkit::nodes::NodeShape {
+        name: NODE.into(),
+        cpu_milli: 8_000,
+        memory_mib: 16_384,
+        gpu: 0,
+        model: "H100".into(),
+    };
+    kudos_testkit::nodes::create_nodes(&cp.client, &[shape], "example.com/unused").await?;
+    let class: res::DeviceClass = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": kudos_api::dra::DEVICE_CLASS},
+        "spec": {
+            "extendedResourceName": "kudos.dev/gpu",
+            "selectors": [{"cel": {"expression": format!("device.driver == \"{DRIVER}\"")}}],
+        }
+    }))?;
+    Api::<res::DeviceClass>::all(cp.client.clone())
+        .create(&PostParams::default(), &class)
+        .await?;
+    cp.start_scheduler(50, None)?;
+
+    let pods: Api<Pod> = Api::namespaced(cp.client.clone(), "default");
+    let pod = |name: &str| -> anyhow::Result<Pod> {
+        let r = serde_json::json!({"kudos.dev/gpu": "1"});
+        Ok(serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"containers": [{"name": "main", "image": "registry.invalid/none:0",
+                     "resources": {"requests": r, "limits": r}}]}
+        }))?)
+    };
+    pods.create(&PostParams::default(), &pod("gpu-0")?).await?;
+    let claim_name = wait_for(
+        "gpu-0 bound with a claim",
+        Duration::from_secs(60),
+        POLL,
+        async || {
+            let p = pods.get("gpu-0").await.ok()?;
+            p.spec.as_ref()?.node_name.as_ref()?;
+            Some(
+                p.status?
+                    .extended_resource_claim_status?
+                    .resource_claim_name,
+            )
+        },
+    )
+    .await?;
+    let claims: Api<res::ResourceClaim> = Api::namespaced(cp.client.clone(), "default");
+    let claim = claims.get(&claim_name).await?;
+    let results = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.clone())
+        .unwrap_or_default();
+    assert_eq!(results.len(), 1, "{claim:?}");
+    assert_eq!(
+        (results[0].driver.as_str(), results[0].pool.as_str()),
+        (DRIVER, NODE)
+    );
+    assert_eq!(results[0].device, names[0], "never the tainted device");
+
+    // The tainted device is the only one left: the next pod waits.
+    pods.create(&PostParams::default(), &pod("gpu-1")?).await?;
+    let message = wait_for(
+        "gpu-1 unschedulable",
+        Duration::from_secs(60),
+        POLL,
+        async || {
+            let c = pods
+                .get("gpu-1")
+                .await
+                .ok()?
+                .status?
+                .conditions?
+                .into_iter()
+                .find(|c| c.type_ == "PodScheduled")?;
+            (c.status == "False").then(|| c.message.unwrap_or_default())
+        },
+    )
+    .await?;
+    assert!(message.contains("cannot allocate all claims"), "{message}");
+
+    // The kubelet would now ask the plugin to prepare the scheduler's claim.
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
+    let mut client = dra_client(&tmp.path().join("plugins/gpu.kudos.dev/dra.sock")).await?;
+    let resp = client
+        .node_prepare_resources(dra::NodePrepareResourcesRequest {
+            claims: vec![dra::Claim {
+                namespace: "default".into(),
+                uid: uid.clone(),
+                name: claim_name.clone(),
+            }],
+        })
+        .await?
+        .into_inner();
+    let prepared = &resp.claims[&uid];
+    assert_eq!(prepared.error, "");
+    assert_eq!(prepared.devices.len(), 1);
+    assert_eq!(prepared.devices[0].device_name, names[0]);
+    assert_eq!(
+        prepared.devices[0].cdi_device_ids,
+        [format!("gpu.kudos.dev/gpu={uid}-{}", names[0])]
+    );
+    assert!(
+        tmp.path()
+            .join(format!("cdi/gpu.kudos.dev-{uid}.json"))
+            .exists()
+    );
+    plugin.stop().await;
+    cp.check_running()?;
     run.pass();
     Ok(())
 }
