@@ -47,6 +47,32 @@ fn plugin_flags(tmp: &Path, fake: &FakeNvml, kubeconfig: &Path) -> Vec<String> {
     ]
 }
 
+/// A short temporary directory (Unix socket paths are short, so not the run directory) and `n`
+/// fake NVIDIA GPUs in it.
+fn fake_gpus(n: u32) -> anyhow::Result<(tempfile::TempDir, FakeNvml)> {
+    let tmp = tempfile::tempdir()?;
+    let nvml_dir = tmp.path().join("nvml");
+    std::fs::create_dir_all(&nvml_dir)?;
+    let fake = FakeNvml::new(&nvml_dir, n)?;
+    Ok((tmp, fake))
+}
+
+/// The DRA device names of the fake GPUs, in order.
+fn dra_names(fake: &FakeNvml) -> Vec<String> {
+    fake.devices
+        .iter()
+        .map(|d| device_name(&format!("nv-{}", d.uuid)))
+        .collect()
+}
+
+/// The plugin's ResourceSlice, once published.
+async fn published(slices: &Api<res::ResourceSlice>) -> anyhow::Result<res::ResourceSlice> {
+    wait_for("the ResourceSlice", WAIT, POLL, async || {
+        slices.get_opt(SLICE).await.ok().flatten()
+    })
+    .await
+}
+
 fn taints(slice: &res::ResourceSlice, device: &str) -> Vec<String> {
     slice
         .spec
@@ -111,25 +137,14 @@ async fn dra_mode_publishes_prepares_and_keeps_claims_across_a_restart() -> anyh
         return Ok(());
     };
     let cp = ControlPlane::start(&run, opts).await?;
-    // Unix socket paths are short: a temporary directory rather than the run directory.
-    let tmp = tempfile::tempdir()?;
-    let nvml_dir = tmp.path().join("nvml");
-    std::fs::create_dir_all(&nvml_dir)?;
-    let mut fake = FakeNvml::new(&nvml_dir, 2)?;
+    let (tmp, mut fake) = fake_gpus(2)?;
     let flags = plugin_flags(tmp.path(), &fake, &cp.kubeconfig);
-    let names: Vec<String> = fake
-        .devices
-        .iter()
-        .map(|d| device_name(&format!("nv-{}", d.uuid)))
-        .collect();
+    let names = dra_names(&fake);
     let plugin = Plugin::start(&flags);
 
     // === the ResourceSlice ===
     let slices: Api<res::ResourceSlice> = Api::all(cp.client.clone());
-    let slice = wait_for("the ResourceSlice", WAIT, POLL, async || {
-        slices.get_opt(SLICE).await.ok().flatten()
-    })
-    .await?;
+    let slice = published(&slices).await?;
     assert_eq!(slice.spec.driver, DRIVER);
     assert_eq!(slice.spec.node_name.as_deref(), Some(NODE));
     assert_eq!(
@@ -328,26 +343,16 @@ async fn the_real_scheduler_allocates_from_the_plugins_slice_and_the_plugin_prep
         return Ok(());
     };
     let mut cp = ControlPlane::start(&run, ControlPlaneOptions::default()).await?;
-    let tmp = tempfile::tempdir()?;
-    let nvml_dir = tmp.path().join("nvml");
-    std::fs::create_dir_all(&nvml_dir)?;
-    let mut fake = FakeNvml::new(&nvml_dir, 2)?;
+    let (tmp, mut fake) = fake_gpus(2)?;
     let mut flags = plugin_flags(tmp.path(), &fake, &cp.kubeconfig);
     // Device 1 stays unhealthy for the whole test.
     flags.retain(|f| !f.starts_with("--recovery-quiet"));
     flags.push("--recovery-quiet=10m".into());
-    let names: Vec<String> = fake
-        .devices
-        .iter()
-        .map(|d| device_name(&format!("nv-{}", d.uuid)))
-        .collect();
+    let names = dra_names(&fake);
     let plugin = Plugin::start(&flags);
     let slices: Api<res::ResourceSlice> = Api::all(cp.client.clone());
     // The XID only counts once the plugin watches for it: after its first slice.
-    wait_for("the ResourceSlice", WAIT, POLL, async || {
-        slices.get_opt(SLICE).await.ok().flatten()
-    })
-    .await?;
+    published(&slices).await?;
     fake.xid(1, 79);
     fake.write()?;
     wait_for("the slice with device 1 tainted", WAIT, POLL, async || {
@@ -481,10 +486,7 @@ async fn the_orchestrators_answer_picks_and_switches_the_api() -> anyhow::Result
         return Ok(());
     };
     let cp = ControlPlane::start(&run, opts).await?;
-    let tmp = tempfile::tempdir()?;
-    let nvml_dir = tmp.path().join("nvml");
-    std::fs::create_dir_all(&nvml_dir)?;
-    let fake = FakeNvml::new(&nvml_dir, 1)?;
+    let (tmp, fake) = fake_gpus(1)?;
     let stub = support::Registry::named("kudos.dev/gpu");
     *stub.allocation_api.lock().expect("lock") = "dra".into();
     let (addr, _server) = support::serve_registry_on_loopback(stub.clone()).await;

@@ -159,10 +159,9 @@ fn healthy_node_is_ranked_and_stale_ones_are_excluded_with_reasons() {
     );
 }
 
-#[test]
-fn zero_allocatable_with_configured_devices_excludes() {
-    let view = mk_view();
-    let nodes = BTreeMap::from([("n1".to_string(), obs(0))]);
+/// The monitor entry of node n1 of [`mk_view`], observed as `n1` with a fresh heartbeat.
+fn monitor_n1(n1: NodeObservation) -> NodeMonitor {
+    let nodes = BTreeMap::from([("n1".to_string(), n1)]);
     let heartbeats = BTreeMap::from([("n1".to_string(), t(10))]);
     let inputs = MonitorInputs {
         now: t(10),
@@ -171,43 +170,32 @@ fn zero_allocatable_with_configured_devices_excludes() {
         heartbeats: &heartbeats,
         daemonsets: &[],
     };
-    let m = monitor(
-        &view,
+    monitor(
+        &mk_view(),
         &RolloutSettings::default(),
         &MonitorPolicy::default(),
         &inputs,
     )
-    .unwrap();
-    assert_eq!(m[0].reasons, [ExclusionReason::NoAllocatable]);
+    .unwrap()
+    .into_iter()
+    .find(|n| n.node == "n1")
+    .expect("n1 monitored")
+}
+
+#[test]
+fn zero_allocatable_with_configured_devices_excludes() {
+    assert_eq!(monitor_n1(obs(0)).reasons, [ExclusionReason::NoAllocatable]);
 }
 
 #[test]
 fn a_dra_node_without_allocatable_is_ranked() {
     // Its devices are in a ResourceSlice: the kubelet advertises no allocatable for the name.
-    let view = mk_view();
-    let dra = NodeObservation {
+    let n1 = monitor_n1(NodeObservation {
         capacity: None,
         allocatable: None,
         allocation_api: AllocationApi::Dra,
         ..obs(0)
-    };
-    let nodes = BTreeMap::from([("n1".to_string(), dra)]);
-    let heartbeats = BTreeMap::from([("n1".to_string(), t(10))]);
-    let inputs = MonitorInputs {
-        now: t(10),
-        nodes: &nodes,
-        plugin_health: &BTreeMap::new(),
-        heartbeats: &heartbeats,
-        daemonsets: &[],
-    };
-    let m = monitor(
-        &view,
-        &RolloutSettings::default(),
-        &MonitorPolicy::default(),
-        &inputs,
-    )
-    .unwrap();
-    let n1 = m.iter().find(|n| n.node == "n1").expect("n1 monitored");
+    });
     assert!(n1.reasons.is_empty(), "{:?}", n1.reasons);
     assert!(!n1.exclude_from_ranking);
     assert_eq!(n1.allocation_api, AllocationApi::Dra);
