@@ -370,15 +370,11 @@ async fn the_real_scheduler_allocates_from_the_plugins_slice_and_the_plugin_prep
         model: "H100".into(),
     };
     kudos_testkit::nodes::create_nodes(&cp.client, &[shape], "example.com/unused").await?;
-    let class: res::DeviceClass = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": kudos_api::dra::DEVICE_CLASS},
-        "spec": {
-            "extendedResourceName": "kudos.dev/gpu",
-            "selectors": [{"cel": {"expression": format!("device.driver == \"{DRIVER}\"")}}],
-        }
-    }))?;
     Api::<res::DeviceClass>::all(cp.client.clone())
-        .create(&PostParams::default(), &class)
+        .create(
+            &PostParams::default(),
+            &kudos_testkit::dra::device_class("kudos.dev/gpu")?,
+        )
         .await?;
     cp.start_scheduler(50, None)?;
 
@@ -409,13 +405,7 @@ async fn the_real_scheduler_allocates_from_the_plugins_slice_and_the_plugin_prep
     .await?;
     let claims: Api<res::ResourceClaim> = Api::namespaced(cp.client.clone(), "default");
     let claim = claims.get(&claim_name).await?;
-    let results = claim
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.clone())
-        .unwrap_or_default();
+    let results = kudos_testkit::dra::allocated(&claim);
     assert_eq!(results.len(), 1, "{claim:?}");
     assert_eq!(
         (results[0].driver.as_str(), results[0].pool.as_str()),

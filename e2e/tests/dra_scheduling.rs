@@ -52,19 +52,6 @@ fn gpu_pod(name: &str) -> anyhow::Result<Pod> {
     }))?)
 }
 
-/// The DeviceClass `charts/kudos/templates/dra.yaml` ships (`charts/test.sh` checks the
-/// rendered one against the API server).
-fn device_class() -> anyhow::Result<DeviceClass> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-        "metadata": {"name": dra::DEVICE_CLASS},
-        "spec": {
-            "extendedResourceName": "kudos.dev/gpu",
-            "selectors": [{"cel": {"expression": format!("device.driver == \"{}\"", dra::DRIVER)}}],
-        }
-    }))?)
-}
-
 /// The slice a DRA-mode plugin on `node` publishes: the devices `plugin_devices` reports, the
 /// unhealthy ones tainted.
 fn slice(node: &str, devices: &[kudos_proto::kudos::v1::Device]) -> anyhow::Result<ResourceSlice> {
@@ -182,7 +169,10 @@ async fn one_pod_spec_gets_dra_on_one_node_and_the_device_plugin_on_the_other() 
 
     // What the chart and the DRA-mode plugin put into the cluster.
     Api::<DeviceClass>::all(cp.client.clone())
-        .create(&PostParams::default(), &device_class()?)
+        .create(
+            &PostParams::default(),
+            &kudos_e2e::dra::device_class("kudos.dev/gpu")?,
+        )
         .await?;
     Api::<ResourceSlice>::all(cp.client.clone())
         .create(&PostParams::default(), &slice(DRA_NODE, &dra_devices)?)
@@ -227,13 +217,7 @@ async fn one_pod_spec_gets_dra_on_one_node_and_the_device_plugin_on_the_other() 
     let claim = Api::<ResourceClaim>::namespaced(cp.client.clone(), "default")
         .get(&claim_name)
         .await?;
-    let results = claim
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.clone())
-        .unwrap_or_default();
+    let results = kudos_e2e::dra::allocated(&claim);
     let healthy = dra::device_name(&dra_devices[0].id);
     assert_eq!(results.len(), 1, "{claim:?}");
     assert_eq!(results[0].driver, dra::DRIVER);

@@ -23,6 +23,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cluster;
+pub mod dra;
 pub mod http;
 pub mod kubelet;
 pub mod nodes;
