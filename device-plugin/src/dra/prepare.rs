@@ -158,7 +158,7 @@ pub fn plan(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::backend::fake::FakeBackend;
     use k8s_openapi::api::resource::v1 as res;
@@ -169,7 +169,12 @@ mod tests {
         Backends::new(vec![a, b]).expect("backends")
     }
 
-    fn result(request: &str, pool: &str, device: &str) -> res::DeviceRequestAllocationResult {
+    /// One allocation result of this driver.
+    pub(crate) fn result(
+        request: &str,
+        pool: &str,
+        device: &str,
+    ) -> res::DeviceRequestAllocationResult {
         res::DeviceRequestAllocationResult {
             request: request.into(),
             driver: DRIVER.into(),
@@ -180,10 +185,19 @@ mod tests {
     }
 
     fn claim(results: Vec<res::DeviceRequestAllocationResult>) -> ResourceClaim {
+        allocated_claim("train", "u-1", results)
+    }
+
+    /// Claim `ml/<name>` with UID `uid`, allocated `results`.
+    pub(crate) fn allocated_claim(
+        name: &str,
+        uid: &str,
+        results: Vec<res::DeviceRequestAllocationResult>,
+    ) -> ResourceClaim {
         let mut c = ResourceClaim::default();
         c.metadata.namespace = Some("ml".into());
-        c.metadata.name = Some("train".into());
-        c.metadata.uid = Some("u-1".into());
+        c.metadata.name = Some(name.into());
+        c.metadata.uid = Some(uid.into());
         c.status = Some(res::ResourceClaimStatus {
             allocation: Some(res::AllocationResult {
                 devices: Some(res::DeviceAllocationResult {

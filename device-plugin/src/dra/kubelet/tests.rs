@@ -5,7 +5,6 @@ use crate::backend::DeviceBackend;
 use crate::backend::fake::FakeBackend;
 use crate::dra::checkpoint::Loaded;
 use api::dra_plugin_server::DraPlugin as _;
-use k8s_openapi::api::resource::v1 as res;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 #[derive(Default)]
@@ -33,31 +32,11 @@ impl ClaimSource for Arc<Claims> {
 }
 
 fn claim(name: &str, uid: &str, devices: &[&str]) -> ResourceClaim {
-    let mut c = ResourceClaim::default();
-    c.metadata.namespace = Some("ml".into());
-    c.metadata.name = Some(name.into());
-    c.metadata.uid = Some(uid.into());
     let results = devices
         .iter()
-        .map(|d| res::DeviceRequestAllocationResult {
-            request: "gpu".into(),
-            driver: kudos_api::dra::DRIVER.into(),
-            pool: "node-a".into(),
-            device: (*d).into(),
-            ..Default::default()
-        })
+        .map(|d| crate::dra::prepare::tests::result("gpu", "node-a", d))
         .collect();
-    c.status = Some(res::ResourceClaimStatus {
-        allocation: Some(res::AllocationResult {
-            devices: Some(res::DeviceAllocationResult {
-                results: Some(results),
-                config: None,
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    });
-    c
+    crate::dra::prepare::tests::allocated_claim(name, uid, results)
 }
 
 fn wire(name: &str, uid: &str) -> api::Claim {
