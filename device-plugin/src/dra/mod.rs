@@ -17,6 +17,7 @@
 //! Which API a node uses ([`mode`]) is the orchestrator's decision, or `--allocation-api`.
 //! Discovery, health and reporting are shared with the device-plugin mode.
 
+pub mod authority;
 pub mod cdi;
 pub mod checkpoint;
 pub mod kubelet;

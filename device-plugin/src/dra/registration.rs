@@ -8,6 +8,7 @@
 //! unless the plugin came back. So the DRA socket listens before the registration socket
 //! exists, and on shutdown the registration socket goes first.
 
+use super::authority::AuthorityFix;
 use crate::metrics::Metrics;
 use crate::runtime::{FileId, Occupant, probe_socket, remove_if_same};
 use kudos_proto::dra::v1 as dra_api;
@@ -17,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
+use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
@@ -183,9 +185,13 @@ pub async fn serve(path: &Path, routes: tonic::service::Routes) -> Result<Served
             .timeout(Duration::from_secs(120))
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .add_routes(routes)
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-                let _ = stop_rx.changed().await;
-            })
+            .serve_with_incoming_shutdown(
+                // The kubelet's registration client sends the socket path as :authority.
+                UnixListenerStream::new(listener).map(|c| c.map(AuthorityFix::new)),
+                async move {
+                    let _ = stop_rx.changed().await;
+                },
+            )
             .instrument(tracing::info_span!("socket", path = %path.display())),
     );
     tracing::info!(socket = %path.display(), "serving");
