@@ -505,8 +505,16 @@ impl Index {
                 m.values()
                     .fold((0u32, 0u32), |(a, b), (h, t)| (a + h, b + t))
             });
-            let allocatable = info
-                .and_then(|i| i.gpu_allocatable)
+            // A DRA node's devices are in its ResourceSlice, not in allocatable: the plugin's
+            // healthy count. (A plugin that registered through the device-plugin API before
+            // the orchestrator's answer leaves a stale allocatable of 0 for minutes.)
+            let node_allocatable = info
+                .filter(|i| {
+                    crate::dra::decide(self.allocation_policy, Some(i)).0
+                        == kudos_api::dra::AllocationApi::DevicePlugin
+                })
+                .and_then(|i| i.gpu_allocatable);
+            let allocatable = node_allocatable
                 .map(u64::from)
                 .unwrap_or_else(|| u64::from(devices.map_or(profile.count, |(h, _)| h)));
             let health = self.health(name, info, devices, now);

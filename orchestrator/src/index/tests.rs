@@ -70,6 +70,26 @@ fn free_devices_follow_bound_pods() {
     assert_eq!(s[0].free_devices, 2);
 }
 
+/// Found on real kubelets: a DRA node whose plugin first registered through the device-plugin
+/// API (before the orchestrator's answer) keeps `kudos.dev/gpu: 0` allocatable for minutes.
+/// Its free devices come from the plugin's healthy devices, less the pods bound there.
+#[test]
+fn a_dra_nodes_free_devices_come_from_its_plugin_not_a_stale_allocatable() {
+    let mut idx = mk_index();
+    let mut node = mk_node("n1", 0, true);
+    node.metadata
+        .labels
+        .get_or_insert_default()
+        .insert("kudos.dev/allocation-api".into(), "dra".into());
+    idx.reset_nodes(vec![node_info(&node, GPU)]);
+    idx.reset_pods(&[pod_facts(&mk_pod("a", Some("n1"), 1, "Running"), GPU).unwrap()]);
+    idx.set_device_health("n1", "nvidia", (3, 4));
+    assert_eq!(state(&idx, "n1", 0.0).free_devices, 2, "3 healthy, 1 used");
+    // The same node on the device-plugin API: its allocatable counts.
+    idx.reset_nodes(vec![node_info(&mk_node("n1", 0, true), GPU)]);
+    assert_eq!(state(&idx, "n1", 0.0).free_devices, 0);
+}
+
 /// Found on real kubelets: a pod bound through the extender, then shown running and then
 /// Succeeded by the watch, must not fall back to the extender's assumption (which would hold its
 /// device for the rest of the 5-minute assume window).
