@@ -4,14 +4,16 @@
 //! Inputs: backend signals (a non-ignored XID, NVML not answering) and periodic probes.
 //! Rule: a device turns Unhealthy on a critical signal or a failed probe; it turns Healthy
 //! again once its probe succeeds and no critical signal arrived for `quiet_for`. The
-//! [`HealthTracker`] is pure (time is an argument); [`run`] drives it.
+//! [`HealthTracker`] is pure (time is an argument); [`run`] drives it. The last critical
+//! signal of each device outlives a restart ([`CriticalLog`]).
 
 use crate::backend::{Backends, Health, HealthSignal};
 use crate::metrics::Metrics;
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{mpsc, watch};
 
 /// Health of every device by ID, as published to the server.
@@ -97,6 +99,7 @@ struct DeviceState {
 pub struct HealthTracker {
     quiet_for: Duration,
     devices: BTreeMap<String, DeviceState>,
+    log: Option<CriticalLog>,
 }
 
 impl HealthTracker {
@@ -119,7 +122,26 @@ impl HealthTracker {
                 )
             })
             .collect();
-        HealthTracker { quiet_for, devices }
+        HealthTracker {
+            quiet_for,
+            devices,
+            log: None,
+        }
+    }
+
+    /// Keeps the critical events in `log` ([`HealthTracker::record`]) and seeds the devices
+    /// whose last one is recent ([`HealthTracker::restore`]); returns how many were seeded.
+    pub fn with_log(&mut self, log: CriticalLog, now_wall: SystemTime, now: Instant) -> usize {
+        let seeded = self.restore(&log.load(), now_wall, now);
+        self.log = Some(log);
+        seeded
+    }
+
+    /// Writes the recent critical events to the log, if there is one.
+    pub fn record(&self, now_wall: SystemTime, now: Instant) {
+        if let Some(log) = &self.log {
+            log.store(&self.critical_events(now_wall, now));
+        }
     }
 
     /// Current health of every device.
@@ -202,6 +224,88 @@ impl HealthTracker {
             }
         }
     }
+
+    /// Seeds the devices whose last critical signal (`events`: device ID → Unix seconds) came
+    /// less than the quiet period before `now_wall`: they start unhealthy and recover once the
+    /// rest of the period has passed. Unknown IDs are ignored. Returns how many were seeded.
+    pub fn restore(
+        &mut self,
+        events: &BTreeMap<String, u64>,
+        now_wall: SystemTime,
+        now: Instant,
+    ) -> usize {
+        let mut seeded = 0;
+        for (id, secs) in events {
+            let Some(s) = self.devices.get_mut(id) else {
+                continue;
+            };
+            let at = SystemTime::UNIX_EPOCH + Duration::from_secs(*secs);
+            let age = now_wall.duration_since(at).unwrap_or(Duration::ZERO);
+            if age < self.quiet_for {
+                s.health = Health::Unhealthy;
+                s.last_critical = Some(now.checked_sub(age).unwrap_or(now));
+                seeded += 1;
+            }
+        }
+        seeded
+    }
+
+    /// The last critical signal of each device still within its quiet period, as Unix seconds
+    /// (rounded up: a restored device waits at least as long as it would have).
+    pub fn critical_events(&self, now_wall: SystemTime, now: Instant) -> BTreeMap<String, u64> {
+        self.devices
+            .iter()
+            .filter_map(|(id, s)| {
+                let age = now.saturating_duration_since(s.last_critical?);
+                (age < self.quiet_for).then_some(())?;
+                let at = now_wall.checked_sub(age)?;
+                let d = at.duration_since(SystemTime::UNIX_EPOCH).ok()?;
+                Some((id.clone(), d.as_secs() + u64::from(d.subsec_nanos() > 0)))
+            })
+            .collect()
+    }
+}
+
+// === critical signals across restarts ===
+
+/// The last critical signal of each device, on disk beside the name cache
+/// (`critical-events`), so a restarted plugin keeps a device that raised XIDs out of service
+/// for the rest of its quiet period. NVML does not replay XIDs to a new event set: without
+/// this, an upgrade or a crash would publish a failing GPU as healthy at once.
+#[derive(Clone, Debug)]
+pub struct CriticalLog {
+    path: PathBuf,
+}
+
+impl CriticalLog {
+    /// The log beside the name cache `name_cache`.
+    pub fn beside(name_cache: &Path) -> Self {
+        CriticalLog {
+            path: name_cache.with_file_name("critical-events"),
+        }
+    }
+
+    /// Device ID → Unix seconds of its last critical signal; empty when there is no file, and
+    /// when it is damaged (logged: the devices then start healthy, as before this log).
+    pub fn load(&self) -> BTreeMap<String, u64> {
+        let Ok(bytes) = std::fs::read(&self.path) else {
+            return BTreeMap::new();
+        };
+        serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+            tracing::warn!(path = %self.path.display(), error = %e, "ignoring a damaged critical-event log");
+            BTreeMap::new()
+        })
+    }
+
+    /// Replaces the log with `events` (failures are logged, not fatal).
+    pub fn store(&self, events: &BTreeMap<String, u64>) {
+        let written = serde_json::to_vec(events)
+            .map_err(std::io::Error::other)
+            .and_then(|b| crate::dra::write_atomic(&self.path, &b));
+        if let Err(e) = written {
+            tracing::warn!(path = %self.path.display(), error = %e, "cannot record critical events");
+        }
+    }
 }
 
 // === run ===
@@ -226,7 +330,11 @@ pub async fn run(
     loop {
         let transitions = tokio::select! {
             _ = shutdown.changed() => return,
-            Some(signal) = signals.recv() => tracker.on_signal(&signal, Instant::now()),
+            Some(signal) = signals.recv() => {
+                let transitions = tracker.on_signal(&signal, Instant::now());
+                tracker.record(SystemTime::now(), Instant::now());
+                transitions
+            }
             _ = tick.tick() => {
                 let results = probe_all(&backends, &mut probing, probe_timeout).await;
                 let now = Instant::now();
@@ -360,5 +468,57 @@ mod tests {
         assert!(t.on_probe("amd-c", Err("gone".into()), t0).is_some());
         assert!(t.on_probe("amd-c", Ok(()), t0).is_some());
         assert!(t.on_probe("unknown", Err("x".into()), t0).is_none());
+    }
+
+    /// Found on a real kubelet: a restarted plugin published a device that kept raising XIDs
+    /// as healthy, and the scheduler allocated it before the next XID.
+    #[test]
+    fn a_restart_keeps_a_recently_failing_device_down_for_the_rest_of_its_quiet_period() {
+        let quiet = Duration::from_secs(60);
+        let (t0, wall0) = (Instant::now(), SystemTime::now());
+        let mut before = HealthTracker::new([("nv-a", "nvidia"), ("nv-b", "nvidia")], quiet);
+        let crit = HealthSignal::Critical {
+            id: "nv-a".into(),
+            reason: "XID 79".into(),
+        };
+        before.on_signal(&crit, t0);
+        let events = before.critical_events(wall0, t0 + Duration::from_secs(20));
+        assert_eq!(events.keys().collect::<Vec<_>>(), ["nv-a"]);
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = CriticalLog::beside(&dir.path().join("resource-name"));
+        assert!(log.load().is_empty(), "no file yet");
+        assert_eq!(before.with_log(log.clone(), wall0, t0), 0);
+        before.record(wall0, t0 + Duration::from_secs(20));
+        assert_eq!(log.load(), events);
+
+        // Restarted 30 s after the XID: down for about 30 s more, then recovers.
+        let t1 = t0 + Duration::from_secs(100);
+        let mut after = HealthTracker::new([("nv-a", "nvidia"), ("nv-b", "nvidia")], quiet);
+        let seeded = after.restore(&log.load(), wall0 + Duration::from_secs(10), t1);
+        assert_eq!(seeded, 1);
+        assert_eq!(after.snapshot()["nv-a"], Health::Unhealthy);
+        assert_eq!(after.snapshot()["nv-b"], Health::Healthy);
+        assert!(
+            after
+                .on_probe("nv-a", Ok(()), t1 + Duration::from_secs(29))
+                .is_none()
+        );
+        assert!(
+            after
+                .on_probe("nv-a", Ok(()), t1 + Duration::from_secs(32))
+                .is_some()
+        );
+
+        // Older than the quiet period, an unknown device, or a damaged file: nothing seeded.
+        let mut late = HealthTracker::new([("nv-a", "nvidia")], quiet);
+        assert_eq!(
+            late.restore(&events, wall0 + Duration::from_secs(61), t1),
+            0
+        );
+        let unknown = BTreeMap::from([("gone".to_owned(), events["nv-a"])]);
+        assert_eq!(late.restore(&unknown, wall0, t1), 0);
+        std::fs::write(dir.path().join("critical-events"), b"{not json").expect("write");
+        assert!(log.load().is_empty());
     }
 }

@@ -149,12 +149,24 @@ pub async fn run(
     }
 
     // Health: backend event sources plus periodic probes, published as a snapshot.
-    let tracker = health::HealthTracker::new(
+    let mut tracker = health::HealthTracker::new(
         backends
             .devices()
             .map(|d| (d.id.as_str(), d.vendor.as_str())),
         s.recovery_quiet,
     );
+    let kept = tracker.with_log(
+        health::CriticalLog::beside(&s.name_cache),
+        std::time::SystemTime::now(),
+        std::time::Instant::now(),
+    );
+    if kept > 0 {
+        tracing::warn!(
+            devices = kept,
+            quiet = ?s.recovery_quiet,
+            "devices start unhealthy: a critical event within the quiet period before this restart"
+        );
+    }
     let (health_tx, health_rx) = watch::channel(Arc::new(tracker.snapshot()));
     metrics.set_devices(&backends, &tracker.snapshot());
     let (signal_tx, signal_rx) = mpsc::unbounded_channel();
