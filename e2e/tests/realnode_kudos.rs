@@ -182,6 +182,7 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
         &run,
         &mut cluster,
         std::path::Path::new(env!("CARGO_BIN_EXE_kudos-e2e-adapt")),
+        &Default::default(),
     )
     .await?;
     let helm = &kudos.helm;

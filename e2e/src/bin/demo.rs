@@ -58,7 +58,7 @@ async fn main() -> Result<()> {
     let mut cluster =
         RealCluster::start(&run, gpus::two_gpu_nodes(run.path(), gpus::IMAGES)?).await?;
     println!("Installing Kudos with helm (rollout on, Kudos' own scheduler) ...");
-    let kudos = scenario::install(&run, &mut cluster, &adapt).await?;
+    let kudos = scenario::install(&run, &mut cluster, &adapt, &Default::default()).await?;
     let access = kudos_e2e::realnode::access::get()?;
     println!(
         "Kudos ready after {:.0?}; its status page (HTTPS, a token bound to ClusterRole kudos-reader):\n  curl {} {}/status",

@@ -27,6 +27,9 @@ pub const PRIVATE_DIRS: &[&str] = &[
     "/run/containerd",
     "/var/lib/cni",
     "/var/lib/kudos",
+    // CDI specs (`/var/run/cdi`, through the /var/run symlink): a DRA plugin writes one per
+    // prepared claim, and its node's containerd applies them.
+    "/run/cdi",
 ];
 /// The `/proc/sys` files the kubelet checks at start (and writes when they differ), with the
 /// values it wants; each node's namespace shadows them with files holding these values.

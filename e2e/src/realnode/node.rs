@@ -218,7 +218,10 @@ state = "{n}/containerd/state"
   # and runc fails the pause container (-998). Clamp to containerd's own score.
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
-  enable_cdi = false
+  # DRA: the kubelet passes the CDI device IDs the plugin prepared; containerd applies the
+  # specs the plugin wrote (/var/run/cdi is this node's own, see host::PRIVATE_DIRS).
+  enable_cdi = true
+  cdi_spec_dirs = ["/var/run/cdi"]
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]

@@ -13,8 +13,10 @@ use crate::proc::wait_for;
 use anyhow::{Context, Result};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::Api;
 use kube::api::ListParams;
+use kudos_api::dra::DRIVER;
 use kudos_testkit::registry::{self, Registry};
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -42,13 +44,18 @@ pub fn class_of(i: usize) -> (&'static str, &'static str) {
 
 /// Job `i`: one device, its class label and declared work, scheduled by the Kudos scheduler.
 pub fn job(i: usize) -> Pod {
+    job_with_work(i, WORK)
+}
+
+/// Job `i` declaring `work` units (seconds at speed 1) instead of [`WORK`].
+pub fn job_with_work(i: usize, work: f64) -> Pod {
     let (class, _) = class_of(i);
     serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
             "name": format!("job-{i:02}"),
             "labels": {"kudos.dev/class": class},
-            "annotations": {"kudos.dev/work": WORK.to_string()},
+            "annotations": {"kudos.dev/work": work.to_string()},
         },
         "spec": {
             // Opt in to the chart's Kudos scheduler; the default scheduler stays as it is.
@@ -57,7 +64,7 @@ pub fn job(i: usize) -> Pod {
             "containers": [{
                 "name": "job",
                 "image": "localhost/kudos/kudos-workload:0.1.0",
-                "args": ["--class", class, "--work", WORK.to_string()],
+                "args": ["--class", class, "--work", work.to_string()],
                 "resources": {"limits": {RES: "1"}},
             }],
         },
@@ -93,6 +100,16 @@ pub async fn wait_orchestrator_ready(what: &str) -> Result<()> {
     .await
 }
 
+/// What [`install`] installs beyond the scenario's defaults.
+#[derive(Debug, Default, Clone)]
+pub struct InstallOptions {
+    /// Extra `helm --set` values, after the scenario's own.
+    pub set: Vec<String>,
+    /// Nodes expected on DRA: [`install`] waits for their ResourceSlice instead of allocatable
+    /// `kudos.dev/gpu`.
+    pub dra_nodes: Vec<&'static str>,
+}
+
 /// Kudos as installed by [`install`].
 #[derive(Debug)]
 pub struct Installed {
@@ -115,11 +132,13 @@ pub fn required_files() -> Vec<std::path::PathBuf> {
 /// `helm install` with rollout on and the chart's Kudos scheduler (the image built from e2e's
 /// kube-scheduler, one replica: all pods share the host's network here, so a second could not
 /// bind its port), the default scheduler without any extender (it places Kudos' own pods).
-/// Returns once both nodes were handed to the derived `nvidia` plugin and are allocatable.
+/// Returns once both nodes were handed to the derived `nvidia` plugin and serve their devices
+/// (allocatable `kudos.dev/gpu`, or a ResourceSlice on `opts.dra_nodes`).
 pub async fn install(
     run: &RunDir,
     cluster: &mut RealCluster,
     adapt_bin: &Path,
+    opts: &InstallOptions,
 ) -> Result<Installed> {
     let t0 = Instant::now();
     let reg = Registry::start(run.path(), crate::proc::free_port()).await?;
@@ -140,21 +159,26 @@ pub async fn install(
         .and_then(|p| p.parse().ok())
         .context("apiserver port")?;
     let helm = Helm::new(run.path(), &cluster.cp.kubeconfig, adapt_bin, api_port)?;
-    helm.install(&[
-        "orchestrator.rollout.enabled=true".into(),
-        format!("orchestrator.rollout.baseImage={base}"),
-        format!(
-            "orchestrator.rollout.repository={}/kudos/device-plugin-derived",
-            reg.addr
-        ),
-        "scheduler.image.registry=localhost".into(),
-        "scheduler.image.repository=kudos/kube-scheduler".into(),
-        "scheduler.image.tag=v1.37.2".into(),
-        "scheduler.replicas=1".into(),
-        // Every pod here shares the host's network: a standby would find its ports taken.
-        "orchestrator.replicas=1".into(),
-        format!("scheduler.securePort={}", crate::proc::free_port()),
-    ])?;
+    helm.install(
+        &[
+            "orchestrator.rollout.enabled=true".into(),
+            format!("orchestrator.rollout.baseImage={base}"),
+            format!(
+                "orchestrator.rollout.repository={}/kudos/device-plugin-derived",
+                reg.addr
+            ),
+            "scheduler.image.registry=localhost".into(),
+            "scheduler.image.repository=kudos/kube-scheduler".into(),
+            "scheduler.image.tag=v1.37.2".into(),
+            "scheduler.replicas=1".into(),
+            // Every pod here shares the host's network: a standby would find its ports taken.
+            "orchestrator.replicas=1".into(),
+            format!("scheduler.securePort={}", crate::proc::free_port()),
+        ]
+        .into_iter()
+        .chain(opts.set.iter().cloned())
+        .collect::<Vec<_>>(),
+    )?;
     cluster.start_scheduler(None)?;
     let client = cluster.cp.client.clone();
     access::setup(&client, run.path()).await?;
@@ -210,7 +234,33 @@ pub async fn install(
         "RESULT rollout: derived image applied, both nodes handed over after {:?}",
         t0.elapsed()
     );
-    for n in [NODE_A, NODE_B] {
+    let slices: Api<ResourceSlice> = Api::all(cluster.cp.client.clone());
+    for &n in &opts.dra_nodes {
+        wait_for(
+            &format!(
+                "{n}: a ResourceSlice of {DRIVER} with {} devices",
+                gpus::GPUS_PER_NODE
+            ),
+            Duration::from_secs(120),
+            Duration::from_millis(500),
+            async || {
+                let lp = ListParams::default()
+                    .fields(&format!("spec.nodeName={n},spec.driver={DRIVER}"));
+                let list = slices.list(&lp).await.ok()?;
+                let devices: usize = list
+                    .items
+                    .iter()
+                    .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+                    .sum();
+                (devices == gpus::GPUS_PER_NODE as usize).then_some(())
+            },
+        )
+        .await?;
+    }
+    for n in [NODE_A, NODE_B]
+        .into_iter()
+        .filter(|n| !opts.dra_nodes.contains(n))
+    {
         wait_for(
             &format!("{n}: allocatable {RES} = {}", gpus::GPUS_PER_NODE),
             Duration::from_secs(120),
