@@ -128,6 +128,8 @@ hasnt $d "kind: DeviceClass" "no DeviceClasses unless dra.allocationApi asks for
 has $c "extendedResourceName: accel.example.com/device" "DRA: kudos-gpu backs the unified name (KEP-5004)"
 count $c "kind: DeviceClass" 2 "DRA: kudos-gpu plus one class per listed vendor"
 has $c "allocationApi: auto" "DRA: the orchestrator gets the allocation-API policy"
+count $c "resources: [resourceslices]" 2 "DRA: the plugin writes its slice, the orchestrator reads slices"
+count $d "resources: [resourceslices]" 0 "no ResourceSlice access unless dra.allocationApi asks for DRA"
 has $c "path: /var/snap/microk8s/common/var/lib/kubelet/plugins_registry" "DRA: the plugin reaches the kubelet's plugin registry under kubeletDir"
 has $d "{key: kudos.dev/plugin-group, operator: DoesNotExist}" "bootstrap plugin stays off nodes a rendered plugin group owns"
 has $d "resourceNames: [kudos-scheduler]" "scheduler may update only its own lease"

@@ -6,7 +6,7 @@
 //!   allocatable, and has its two devices in a ResourceSlice of driver `gpu.kudos.dev`, the
 //!   second tainted unhealthy; node `dp-node` advertises two devices through the device plugin;
 //! - the orchestrator answers each node's `ReportPlugin` with the API that node must use, and
-//!   `/state` says which;
+//!   `/state` says which, and counts the DRA node's devices from its ResourceSlice;
 //! - the chart's `kudos-gpu` DeviceClass (`extendedResourceName: kudos.dev/gpu`) lets the same
 //!   pod spec (`kudos.dev/gpu: 1`) be allocated a device through DRA on `dra-node` and through
 //!   the device plugin on `dp-node`, each placed after the extender ranked it;
@@ -120,7 +120,8 @@ async fn one_pod_spec_gets_dra_on_one_node_and_the_device_plugin_on_the_other() 
         run.path(),
         Some(&cp.kubeconfig),
         &names,
-        &["--allocation-api".into(), "device-plugin".into()],
+        // auto: the nodes here have no kubelet, so only the label puts a node on DRA.
+        &["--allocation-api".into(), "auto".into()],
     )
     .await?;
 
@@ -177,6 +178,19 @@ async fn one_pod_spec_gets_dra_on_one_node_and_the_device_plugin_on_the_other() 
     Api::<ResourceSlice>::all(cp.client.clone())
         .create(&PostParams::default(), &slice(DRA_NODE, &dra_devices)?)
         .await?;
+    // The orchestrator counts the DRA node's devices from the slice (its ResourceSlice watch).
+    let counted = wait_for(
+        "/state counts the DRA node's slice devices",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        async || {
+            let s = kudos_e2e::http::get_json(&orch.http_addr, "/state").ok()?;
+            let c = s["allocationApi"][DRA_NODE]["sliceDevices"].clone();
+            (!c.is_null()).then_some(c)
+        },
+    )
+    .await?;
+    assert_eq!(counted, json!({"healthy": 1, "total": 2}));
 
     let ext = ExtenderOptions::kudos(orch.extender_url());
     cp.start_scheduler(50, Some(&ext))?;

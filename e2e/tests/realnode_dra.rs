@@ -9,10 +9,10 @@
 //!   and containerd applied through CDI (the workload exits 1 unless it is given a device it
 //!   can open through NVML), every pod placed after Kudos ranked it (a `KudosRanked` Event);
 //! - every run is reported once (the node agent attributes DRA devices through PodResources);
-//! - a device that raises XID 79 is tainted in the slice and never allocated: with node a full,
-//!   node b takes three pods and the eighth waits;
+//! - a device that raises XID 79 is tainted in the slice (the orchestrator counts 3 of 4 from
+//!   it) and never allocated: with node a full, node b takes three pods and the eighth waits;
 //! - deleting node b's plugin pod while its claims are prepared loses none: the jobs finish,
-//!   the new plugin keeps the failing device tainted, prepares the waiting job's claim and
+//!   the new plugin keeps the failing device tainted, prepares a new job's claim and
 //!   unprepares the old ones from its checkpoint (every claim goes, every CDI spec file goes,
 //!   the kubelet logs no unprepare failure);
 //! - the host is left exactly as it was.
@@ -28,7 +28,7 @@ use kudos_e2e::proc::wait_for;
 use kudos_e2e::realnode::scenario::{
     self, InstallOptions, NODE_A, NODE_B, Reaper, job_with_work, model_runs, state,
 };
-use kudos_e2e::realnode::{RealCluster, gpus};
+use kudos_e2e::realnode::{NODE_LABEL, RealCluster, gpus};
 use kudos_e2e::{RunDir, require_bins};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -302,6 +302,22 @@ async fn one_name_through_dra_on_one_real_node_and_the_device_plugin_on_the_othe
         .map(|(n, _)| format!("{NODE_B}/{n}"))
         .context("the tainted device")?;
     eprintln!("RESULT XID 79 on device {SICK} of {NODE_B}: {sick} tainted");
+    // The orchestrator reads node b's devices from the slice too (the chart's RBAC allows it).
+    let counted = wait_for(
+        "/state counts node b's slice: 3 healthy of 4",
+        Duration::from_secs(30),
+        Duration::from_millis(250),
+        || async {
+            let c = state()?["allocationApi"][NODE_B]["sliceDevices"].clone();
+            (c == serde_json::json!({"healthy": 3, "total": 4})).then_some(c)
+        },
+    )
+    .await;
+    assert!(
+        counted.is_ok(),
+        "/state: {:?}",
+        state().map(|s| s["allocationApi"].clone())
+    );
     // The plugin lets a device recover after 60 s without a critical event: it keeps raising
     // them for the rest of the test.
     let keep_sick = tokio::spawn({
@@ -391,14 +407,34 @@ async fn one_name_through_dra_on_one_real_node_and_the_device_plugin_on_the_othe
     eprintln!("RESULT wave 2: {placed:?}");
     let failed: Vec<_> = placed.iter().filter(|p| p.2 != "Succeeded").collect();
     assert!(failed.is_empty(), "jobs failed: {failed:?}");
+
+    // The restarted plugin prepares new claims: one more job, kept to node b.
+    let last = FIRST + SECOND;
+    let mut extra = job_with_work(last, 3.0);
+    if let Some(spec) = extra.spec.as_mut() {
+        spec.node_selector = Some(BTreeMap::from([(NODE_LABEL.into(), "b".into())]));
+    }
+    pods.create(&PostParams::default(), &extra).await?;
+    let name = format!("job-{last:02}");
+    let phase = wait_for(
+        &format!("{name} finished on node b"),
+        Duration::from_secs(120),
+        Duration::from_millis(250),
+        async || {
+            let p = pods.get(&name).await.ok()?.status?.phase?;
+            matches!(p.as_str(), "Succeeded" | "Failed").then_some(p)
+        },
+    )
+    .await?;
+    assert_eq!(phase, "Succeeded", "{name} after the plugin restart");
     let runs = wait_for(
         "every run reported",
         Duration::from_secs(120),
         Duration::from_millis(500),
-        || async { model_runs().filter(|r| *r >= (FIRST + SECOND) as u64) },
+        || async { model_runs().filter(|r| *r > last as u64) },
     )
     .await?;
-    assert_eq!(runs, (FIRST + SECOND) as u64, "runs reported");
+    assert_eq!(runs, last as u64 + 1, "runs reported");
 
     // Every claim goes once its pod does: the three prepared before the restart are unprepared
     // by the new plugin, from its checkpoint.
@@ -420,7 +456,11 @@ async fn one_name_through_dra_on_one_real_node_and_the_device_plugin_on_the_othe
         "the tainted device was allocated: {on_sick:?}"
     );
     let on_b = seen.values().filter(|(pod, _)| second_wave(pod)).count();
-    assert!(on_b >= 3, "wave 2 claims on node b: {seen:?}");
+    assert!(on_b >= 4, "claims on node b after the taint: {seen:?}");
+    assert!(
+        seen.values().any(|(pod, _)| *pod == name),
+        "{name} ran on node b without a claim: {seen:?}"
+    );
     let log = std::fs::read_to_string(cluster.nodes[1].kubelet_log())?;
     let failures: Vec<&str> = log
         .lines()

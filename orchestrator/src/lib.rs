@@ -426,6 +426,9 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
             s.unified_resource_name.clone(),
             deleted_nodes,
         );
+        if s.allocation_policy != dra::AllocationPolicy::DevicePlugin {
+            watch::spawn_slices(c.clone(), index.clone());
+        }
     }
     let (drain_tx, drain_rx) = tokio_watch::channel(false);
     if let (Some(c), Some(every)) = (&client, s.publish_interval) {

@@ -1,4 +1,4 @@
-//! Node and Pod watches: the cluster half of the index's writers.
+//! Node, Pod and ResourceSlice watches: the cluster half of the index's writers.
 //!
 //! Each uses kube-runtime's `watcher` with the default backoff and applies events to the index
 //! directly (the index is the store; no second cache). A watch restart (`Init` … `InitDone`)
@@ -88,6 +88,50 @@ pub fn spawn(
             }
         }
         .instrument(tracing::info_span!("pod_watch")),
+    );
+}
+
+/// Spawns the watch of the Kudos driver's ResourceSlices (DRA nodes' devices, see
+/// [`crate::index::slices`]); only where DRA is on (`nodes.allocationApi` dra or auto), since
+/// the chart grants the read only then and older API servers do not serve
+/// `resource.k8s.io/v1`.
+pub fn spawn_slices(client: kube::Client, index: SharedIndex) {
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+    let slices: kube::Api<ResourceSlice> = kube::Api::all(client);
+    let summary = |s: &ResourceSlice| {
+        let name = s.metadata.name.clone().unwrap_or_default();
+        (name, crate::index::slices::summarise(s))
+    };
+    tokio::spawn(
+        async move {
+            let mut buf = Vec::new();
+            let cfg = watcher::Config::default().fields(&format!("spec.driver={}", kudos_api::dra::DRIVER));
+            let mut stream = watcher::watcher(slices, cfg).default_backoff().boxed();
+            while let Some(ev) = stream.next().await {
+                let mut index = index.write();
+                match ev {
+                    Ok(Event::Apply(s)) => {
+                        let (name, d) = summary(&s);
+                        index.apply_slice(&name, d);
+                    }
+                    Ok(Event::Delete(s)) => index.apply_slice(&summary(&s).0, None),
+                    Ok(Event::Init) => buf.clear(),
+                    Ok(Event::InitApply(s)) => {
+                        if let (name, Some(d)) = summary(&s) {
+                            buf.push((name, d));
+                        }
+                    }
+                    Ok(Event::InitDone) => {
+                        tracing::info!(slices = buf.len(), "ResourceSlice list synced");
+                        index.reset_slices(std::mem::take(&mut buf));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "ResourceSlice watch failed; retrying with backoff")
+                    }
+                }
+            }
+        }
+        .instrument(tracing::info_span!("slice_watch")),
     );
 }
 

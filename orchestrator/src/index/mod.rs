@@ -22,6 +22,8 @@
 //! that happened while this process was down. Binds this process made but the watch has not
 //! shown yet are added by the extender from its own ledger (see [`crate::extender::Ledger`]).
 
+pub mod slices;
+
 use crate::fasthash::FastMap;
 use crate::fifo::FifoMap;
 use crate::kobj::{NodeInfo, PodFacts, Requests};
@@ -98,6 +100,8 @@ pub struct Index {
     third_queues: BTreeMap<String, ThirdQueue>,
     /// Which allocation API nodes use, unless a node's label says otherwise.
     allocation_policy: crate::dra::AllocationPolicy,
+    /// The Kudos driver's ResourceSlices: DRA nodes' devices.
+    slices: slices::SliceInventory,
 }
 
 /// Ended pods remembered (by UID) so that the extender's assumed binds of them are dropped:
@@ -170,7 +174,20 @@ impl Index {
             excluded: FastMap::default(),
             third_queues: BTreeMap::new(),
             allocation_policy: crate::dra::AllocationPolicy::default(),
+            slices: slices::SliceInventory::default(),
         }
+    }
+
+    /// Adds, replaces or (`None`) forgets ResourceSlice `name` (the slice watch).
+    pub fn apply_slice(&mut self, name: &str, devices: Option<slices::SliceDevices>) {
+        self.generation += 1;
+        self.slices.apply(name, devices);
+    }
+
+    /// Replaces every ResourceSlice (the slice watch's full list).
+    pub fn reset_slices(&mut self, all: Vec<(String, slices::SliceDevices)>) {
+        self.generation += 1;
+        self.slices.reset(all);
     }
 
     /// Sets the cluster-wide allocation-API policy (`nodes.allocationApi`).
@@ -485,11 +502,21 @@ impl Index {
         let mut unknown = Vec::new();
         for name in names {
             let info = from_request.get(name).or_else(|| self.nodes.get(name));
+            let slice = self.slices.node(name);
             let (node_name, profile) = match self.profiles.get_key_value(name) {
                 Some((n, p)) => (n.clone(), p.clone()),
-                None => match info.and_then(|i| i.label_profile.as_ref()) {
-                    Some(p) => (Name::from(name), to_profile(p)),
-                    None => {
+                None => match (info.and_then(|i| i.label_profile.as_ref()), slice) {
+                    (Some(p), _) => (Name::from(name), to_profile(p)),
+                    (None, Some((_, s))) => (
+                        Name::from(name),
+                        to_profile(&ProfileRecord {
+                            vendor: s.vendor.clone(),
+                            model: s.model.clone(),
+                            count: s.total,
+                            memory_bytes: s.memory_bytes,
+                        }),
+                    ),
+                    (None, None) => {
                         // Short: the filter answers this once per unknown candidate.
                         unknown.push((name.to_owned(), UNKNOWN_NODE_REASON.to_owned()));
                         continue;
@@ -501,19 +528,21 @@ impl Index {
                 used.add(*a);
             }
             // (healthy, total) devices as the device plugin reports them.
-            let devices = self.device_health.get(name).map(|m| {
+            let reported = self.device_health.get(name).map(|m| {
                 m.values()
                     .fold((0u32, 0u32), |(a, b), (h, t)| (a + h, b + t))
             });
-            // A DRA node's devices are in its ResourceSlice, not in allocatable: the plugin's
-            // healthy count. (A plugin that registered through the device-plugin API before
-            // the orchestrator's answer leaves a stale allocatable of 0 for minutes.)
-            let node_allocatable = info
-                .filter(|i| {
-                    crate::dra::decide(self.allocation_policy, Some(i)).0
-                        == kudos_api::dra::AllocationApi::DevicePlugin
-                })
-                .and_then(|i| i.gpu_allocatable);
+            // A DRA node's devices are those of its ResourceSlices, which the scheduler
+            // allocates from (the plugin's report until they are seen), never allocatable: a
+            // plugin that registered through the device-plugin API before the orchestrator's
+            // answer leaves a stale allocatable of 0 for minutes.
+            let dra = crate::dra::decide(self.allocation_policy, info).0
+                == kudos_api::dra::AllocationApi::Dra;
+            let devices = match slice {
+                Some((counts, _)) if dra => Some(counts),
+                _ => reported,
+            };
+            let node_allocatable = info.filter(|_| !dra).and_then(|i| i.gpu_allocatable);
             let allocatable = node_allocatable
                 .map(u64::from)
                 .unwrap_or_else(|| u64::from(devices.map_or(profile.count, |(h, _)| h)));
@@ -579,7 +608,18 @@ impl Index {
             .keys()
             .map(|n| {
                 let (api, why) = self.allocation_api(n);
-                (n.clone(), AllocationApiView { api, why })
+                let slice_devices = self
+                    .slices
+                    .node(n)
+                    .map(|((healthy, total), _)| SliceCounts { healthy, total });
+                (
+                    n.clone(),
+                    AllocationApiView {
+                        api,
+                        why,
+                        slice_devices,
+                    },
+                )
             })
             .collect();
         StateView {
@@ -719,11 +759,24 @@ pub struct StateView {
 
 /// One node's allocation API in `GET /state`.
 #[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct AllocationApiView {
     /// `device-plugin` or `dra`.
     pub api: kudos_api::dra::AllocationApi,
     /// The policy or label that decided it.
     pub why: &'static str,
+    /// The devices of its ResourceSlices of the Kudos driver, if it has any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slice_devices: Option<SliceCounts>,
+}
+
+/// A node's ResourceSlice devices in `GET /state`.
+#[derive(Serialize)]
+pub struct SliceCounts {
+    /// Without the unhealthy taint: what the scheduler may allocate.
+    pub healthy: u32,
+    /// All.
+    pub total: u32,
 }
 
 /// The model part of `GET /state`.

@@ -85,9 +85,59 @@ fn a_dra_nodes_free_devices_come_from_its_plugin_not_a_stale_allocatable() {
     idx.reset_pods(&[pod_facts(&mk_pod("a", Some("n1"), 1, "Running"), GPU).unwrap()]);
     idx.set_device_health("n1", "nvidia", (3, 4));
     assert_eq!(state(&idx, "n1", 0.0).free_devices, 2, "3 healthy, 1 used");
-    // The same node on the device-plugin API: its allocatable counts.
+    // Once its ResourceSlice is seen, that is what the scheduler allocates from.
+    let slice = |healthy| slices::SliceDevices {
+        node: "n1".into(),
+        total: 4,
+        healthy,
+        vendor: "nvidia".into(),
+        model: "Tesla T4".into(),
+        memory_bytes: 16 << 30,
+    };
+    idx.apply_slice("n1-gpu.kudos.dev", Some(slice(2)));
+    assert_eq!(
+        state(&idx, "n1", 0.0).free_devices,
+        1,
+        "2 untainted, 1 used"
+    );
+    // The same node on the device-plugin API: its allocatable counts, not the slice.
     idx.reset_nodes(vec![node_info(&mk_node("n1", 0, true), GPU)]);
     assert_eq!(state(&idx, "n1", 0.0).free_devices, 0);
+}
+
+/// A DRA node no plugin has reported and no label describes is known from its slice.
+#[test]
+fn a_dra_node_known_only_from_its_slice_is_ranked_with_the_slices_profile() {
+    let mut idx = mk_index();
+    idx.set_allocation_policy(crate::dra::AllocationPolicy::Dra);
+    let bare: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "n2"},
+        "status": {"allocatable": {"cpu": "8", "memory": "32Gi"},
+                   "conditions": [{"type": "Ready", "status": "True"}]}
+    }))
+    .unwrap();
+    idx.reset_nodes(vec![node_info(&bare, GPU)]);
+    let (_, unknown) = idx.node_states(["n2"], &HashMap::new(), &HashMap::new(), 0.0);
+    assert_eq!(unknown.len(), 1, "no plugin report, no labels, no slice");
+    idx.reset_slices(vec![(
+        "n2-gpu.kudos.dev".into(),
+        slices::SliceDevices {
+            node: "n2".into(),
+            total: 2,
+            healthy: 2,
+            vendor: "amd".into(),
+            model: "MI300X".into(),
+            memory_bytes: 192 << 30,
+        },
+    )]);
+    let s = state(&idx, "n2", 0.0);
+    assert_eq!(
+        (s.profile.vendor.as_str(), s.profile.count, s.free_devices),
+        ("amd", 2, 2)
+    );
+    idx.apply_slice("n2-gpu.kudos.dev", None);
+    let (_, unknown) = idx.node_states(["n2"], &HashMap::new(), &HashMap::new(), 0.0);
+    assert_eq!(unknown.len(), 1, "the slice deleted");
 }
 
 /// Found on real kubelets: a pod bound through the extender, then shown running and then
