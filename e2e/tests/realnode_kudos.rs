@@ -541,12 +541,7 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
     );
     eprintln!("RESULT scenario done after {:?}", t0.elapsed());
 
-    let diff = cluster.shutdown()?;
-    assert!(
-        diff.is_empty(),
-        "host not left as found:\n{}",
-        diff.join("\n")
-    );
+    cluster.shutdown_clean()?;
     run.pass();
     Ok(())
 }

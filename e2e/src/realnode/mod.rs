@@ -216,6 +216,18 @@ impl RealCluster {
         Ok(HostSnapshot::capture().diff(&self.before))
     }
 
+    /// [`RealCluster::shutdown`], failing with every difference when the host is not left as
+    /// it was found: how each scenario ends.
+    pub fn shutdown_clean(self) -> Result<()> {
+        let diff = self.shutdown()?;
+        anyhow::ensure!(
+            diff.is_empty(),
+            "host not left as found:\n{}",
+            diff.join("\n")
+        );
+        Ok(())
+    }
+
     fn stop(&mut self) {
         while let Some(mut n) = self.nodes.pop() {
             n.stop();
