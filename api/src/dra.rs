@@ -35,6 +35,12 @@ pub mod attribute {
     pub const UUID: &str = "uuid";
     /// NUMA node, an int; absent when unknown.
     pub const NUMA_NODE: &str = "numaNode";
+    /// NVIDIA CUDA compute capability, a version (`9.0.0` for 9.0), as NVIDIA's own DRA
+    /// driver names it: `device.attributes["gpu.kudos.dev"].cudaComputeCapability >=
+    /// semver("8.0.0")` selects Ampere and newer. Absent on other vendors.
+    pub const CUDA_COMPUTE_CAPABILITY: &str = "cudaComputeCapability";
+    /// AMD gfx target (`gfx942`), a string. Absent on other vendors.
+    pub const GFX_VERSION: &str = "gfxVersion";
 }
 
 /// Device capacity in a ResourceSlice: total device memory, a quantity in bytes.

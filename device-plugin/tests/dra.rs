@@ -172,6 +172,11 @@ async fn dra_mode_publishes_prepares_and_keeps_claims_across_a_restart() -> anyh
         format!("nv-{}", fake.devices[1].uuid)
     );
     assert_eq!(attrs[attribute::NUMA_NODE].int, Some(0));
+    assert_eq!(
+        attrs[attribute::CUDA_COMPUTE_CAPABILITY].version.as_deref(),
+        Some("9.0.0"),
+        "the compute capability NVML reports, as a version the API server accepted"
+    );
     let memory = &devices[1].capacity.as_ref().expect("capacity")["memory"]
         .value
         .0;

@@ -14,7 +14,9 @@
  *   nvml: driver=<version>
  *   device: uuid=GPU-..; name=..; memory=<bytes>; memused=<bytes>; pci=0000:3b:00.0; minor=0;
  *           numa=<n or -1>; util=<%>; memutil=<%>; power=<mW>; sm_clock=<MHz>; temp=<C>;
- *           energy=<mJ>; fail=<code>   (fail: every query on this device returns <code>)
+ *           energy=<mJ>; fail=<code>; cc=<major>.<minor>
+ *           (fail: every query on this device returns <code>; cc: CUDA compute capability,
+ *           absent: not supported)
  *   process: device=<index>; pid=<n>; mem=<bytes>; sm=<%>; memutil=<%>
  *   link: a=<index>; b=<index>; level=<0|10|20|30|40|50>; nvlinks=<n>
  *   xid: device=<index>; value=<xid>
@@ -46,7 +48,7 @@ enum {
 typedef struct {
     char uuid[96], name[96], pci[32];
     unsigned long long memory, memused, energy;
-    int minor, numa, fail;
+    int minor, numa, fail, cc_major, cc_minor;
     unsigned util, memutil, power, sm_clock, temp;
 } dev_t_;
 
@@ -114,6 +116,11 @@ static void set_field(const char *kind, const char *k, const char *v, int *field
         else if (!strcmp(k, "energy")) d->energy = n;
         else if (!strcmp(k, "minor")) d->minor = (int)sn;
         else if (!strcmp(k, "numa")) d->numa = (int)sn;
+        else if (!strcmp(k, "cc")) {
+            const char *dot = strchr(v, '.');
+            d->cc_major = atoi(v);
+            d->cc_minor = dot ? atoi(dot + 1) : 0;
+        }
         else if (!strcmp(k, "fail")) d->fail = (int)sn;
         else if (!strcmp(k, "util")) d->util = (unsigned)n;
         else if (!strcmp(k, "memutil")) d->memutil = (unsigned)n;
@@ -301,6 +308,14 @@ nvmlReturn_t nvmlDeviceGetIndex(void *h, unsigned *v) { ENTER(); DEVICE(h, i); i
 nvmlReturn_t nvmlDeviceGetUUID(void *h, char *v, unsigned len) { ENTER(); DEVICE(h, i); RETURN(copy_str(v, len, devs[i].uuid)); }
 nvmlReturn_t nvmlDeviceGetName(void *h, char *v, unsigned len) { ENTER(); DEVICE(h, i); RETURN(copy_str(v, len, devs[i].name)); }
 nvmlReturn_t nvmlDeviceGetMinorNumber(void *h, unsigned *v) { ENTER(); DEVICE(h, i); if (!v) RETURN(E_INVALID); *v = (unsigned)devs[i].minor; RETURN(OK); }
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(void *h, int *major, int *minor) {
+    ENTER(); DEVICE(h, i);
+    if (!major || !minor) RETURN(E_INVALID);
+    if (devs[i].cc_major <= 0) RETURN(E_NOT_SUPPORTED);
+    *major = devs[i].cc_major;
+    *minor = devs[i].cc_minor;
+    RETURN(OK);
+}
 nvmlReturn_t nvmlDeviceGetNumaNodeId(void *h, unsigned *v) {
     ENTER(); DEVICE(h, i);
     if (!v) RETURN(E_INVALID);

@@ -23,6 +23,8 @@ pub struct DeviceInfo {
     pub minor_number: Option<u32>,
     /// NUMA node from NVML, else from sysfs; `None` when unknown.
     pub numa_node: Option<u32>,
+    /// CUDA compute capability (major, minor); `None` where the driver does not say.
+    pub compute_capability: Option<(u32, u32)>,
 }
 
 /// One process with a compute context on a device.
@@ -74,6 +76,8 @@ pub(crate) fn describe(d: &Device<'_>, index: u32) -> Result<DeviceInfo, Error> 
         // Older drivers lack the call; the kernel knows the PCI device's node.
         _ => sysfs_numa_node(&pci_bus_id),
     };
+    let compute_capability = optional(d.cuda_compute_capability(), "cuda_compute_capability")?
+        .and_then(|c| Some((u32::try_from(c.major).ok()?, u32::try_from(c.minor).ok()?)));
     Ok(DeviceInfo {
         index,
         uuid,
@@ -82,6 +86,7 @@ pub(crate) fn describe(d: &Device<'_>, index: u32) -> Result<DeviceInfo, Error> 
         pci_bus_id,
         minor_number,
         numa_node,
+        compute_capability,
     })
 }
 

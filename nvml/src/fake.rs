@@ -65,6 +65,8 @@ pub struct FakeDevice {
     pub energy_millijoules: u64,
     /// When set, every query on this device fails with this NVML error code.
     pub fail: Option<u32>,
+    /// CUDA compute capability (major, minor); `None`: the query is not supported.
+    pub compute_capability: Option<(u32, u32)>,
 }
 
 impl FakeDevice {
@@ -85,6 +87,7 @@ impl FakeDevice {
             temperature_celsius: 35,
             energy_millijoules: 0,
             fail: None,
+            compute_capability: Some((9, 0)),
         }
     }
 }
@@ -194,6 +197,11 @@ impl FakeNvml {
                 d.energy_millijoules,
                 d.fail.unwrap_or(0),
             );
+            if let Some((major, minor)) = d.compute_capability {
+                // Appended to the device line just written: `; cc=9.0`.
+                s.pop();
+                let _ = writeln!(s, "; cc={major}.{minor}");
+            }
         }
         for p in &self.processes {
             let _ = writeln!(

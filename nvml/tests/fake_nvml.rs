@@ -32,6 +32,7 @@ fn discovers_configured_devices() {
         assert_eq!(d.memory_total_bytes, 80 * 1024 * 1024 * 1024);
         assert_eq!(d.minor_number, Some(i as u32));
         assert_eq!(d.numa_node, Some(0));
+        assert_eq!(d.compute_capability, Some((9, 0)));
         assert!(
             d.pci_bus_id
                 .to_ascii_lowercase()
@@ -39,6 +40,17 @@ fn discovers_configured_devices() {
         );
     }
     assert_eq!(nvml.driver_version().expect("driver"), "550.54.15");
+}
+
+#[test]
+fn compute_capability_is_read_and_absent_where_the_driver_does_not_say() {
+    let (_dir, mut fake, nvml) = setup(2);
+    fake.devices[0].compute_capability = Some((7, 5));
+    fake.devices[1].compute_capability = None;
+    rewrite(&fake);
+    let devs = nvml.devices().expect("devices");
+    assert_eq!(devs[0].compute_capability, Some((7, 5)));
+    assert_eq!(devs[1].compute_capability, None);
 }
 
 #[test]

@@ -28,11 +28,57 @@ fn read_trim(p: &Path) -> Option<String> {
     std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned())
 }
 
+/// PCI address (`0000:3b:00.0`) → gfx target (`gfx942`) of every GPU node in the KFD topology
+/// (`<sys>/class/kfd/kfd/topology/nodes/*/properties`: `gfx_target_version` is
+/// major·10000 + minor·100 + stepping, `location_id` is bus·256 + device·8 + function, and
+/// `domain` the PCI domain). CPU nodes have version 0 and are skipped; missing files give an
+/// empty map (the attribute is then absent).
+fn gfx_targets(sys_root: &Path) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    let Ok(nodes) = std::fs::read_dir(sys_root.join("class/kfd/kfd/topology/nodes")) else {
+        return out;
+    };
+    for n in nodes.flatten() {
+        let Ok(text) = std::fs::read_to_string(n.path().join("properties")) else {
+            continue;
+        };
+        let prop = |key: &str| {
+            text.lines().find_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                (k == key).then(|| v.trim().parse::<u64>().ok())?
+            })
+        };
+        let (Some(version), Some(location)) = (prop("gfx_target_version"), prop("location_id"))
+        else {
+            continue;
+        };
+        if version == 0 {
+            continue;
+        }
+        let domain = prop("domain").unwrap_or(0);
+        let bdf = format!(
+            "{domain:04x}:{:02x}:{:02x}.{:x}",
+            location >> 8,
+            (location >> 3) & 0x1f,
+            location & 0x7
+        );
+        let gfx = format!(
+            "gfx{}{}{:x}",
+            version / 10000,
+            (version / 100) % 100,
+            version % 100
+        );
+        out.insert(bdf, gfx);
+    }
+    out
+}
+
 impl AmdBackend {
     /// Scans `<sys_root>/class/drm` for AMD cards with a render node. Requires
     /// `<dev_root>/dev/kfd` when any card is found (ROCm cannot run without it).
     pub fn discover(sys_root: &Path, dev_root: &Path) -> Result<Self, BackendError> {
         let drm = sys_root.join("class/drm");
+        let gfx_targets = gfx_targets(sys_root);
         let mut entries: Vec<_> = match std::fs::read_dir(&drm) {
             Ok(rd) => rd
                 .filter_map(Result::ok)
@@ -85,6 +131,7 @@ impl AmdBackend {
                 .filter(|s| !s.is_empty())
                 .unwrap_or_else(|| bdf.clone());
             nodes.insert(id.clone(), (dev_dir.clone(), render));
+            let arch = gfx_targets.get(&bdf).cloned().map(super::Arch::Gfx);
             devices.push(Device {
                 id,
                 vendor: "amd".into(),
@@ -92,6 +139,7 @@ impl AmdBackend {
                 memory_bytes,
                 uuid,
                 numa_node,
+                arch,
             });
         }
         if !devices.is_empty() {
@@ -147,5 +195,39 @@ impl DeviceBackend for AmdBackend {
             Some((dir, _)) => Err(format!("{} vanished", dir.display())),
             None => Err("unknown device".into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod gfx_tests {
+    use super::gfx_targets;
+
+    #[test]
+    fn gfx_targets_come_from_the_kfd_topology_by_pci_address() {
+        let sys = tempfile::tempdir().expect("tempdir");
+        let nodes = sys.path().join("class/kfd/kfd/topology/nodes");
+        for (n, props) in [
+            (
+                "0",
+                "cpu_cores_count 64\ngfx_target_version 0\nlocation_id 0\n",
+            ),
+            (
+                "1",
+                "gfx_target_version 90402\nlocation_id 15104\ndomain 0\n",
+            ),
+            (
+                "2",
+                "gfx_target_version 100300\nlocation_id 49408\ndomain 1\n",
+            ),
+            ("3", "garbage\n"),
+        ] {
+            std::fs::create_dir_all(nodes.join(n)).expect("mkdir");
+            std::fs::write(nodes.join(n).join("properties"), props).expect("write");
+        }
+        let t = gfx_targets(sys.path());
+        assert_eq!(t.len(), 2, "{t:?}");
+        assert_eq!(t["0000:3b:00.0"], "gfx942");
+        assert_eq!(t["0001:c1:00.0"], "gfx1030");
+        assert!(gfx_targets(&sys.path().join("none")).is_empty());
     }
 }

@@ -29,6 +29,7 @@ impl FakeBackend {
                 memory_bytes: 1 << 34,
                 uuid: format!("{key}-uuid-{i}"),
                 numa_node: i64::try_from(i / per_numa.max(1)).ok(),
+                arch: None,
             })
             .collect();
         let vendor = Vendor {

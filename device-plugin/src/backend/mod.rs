@@ -83,6 +83,17 @@ pub struct Device {
     pub uuid: String,
     /// NUMA node, when known.
     pub numa_node: Option<i64>,
+    /// What a kernel must be built for, when the driver says.
+    pub arch: Option<Arch>,
+}
+
+/// The instruction set a device runs: what a workload image must have been compiled for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// NVIDIA CUDA compute capability (major, minor), e.g. 9.0 for H100.
+    Cuda(u32, u32),
+    /// AMD gfx target, e.g. `gfx942` for MI300X.
+    Gfx(String),
 }
 
 /// Health as the kubelet sees it.

@@ -64,6 +64,9 @@ impl NvidiaBackend {
                 memory_bytes: info.memory_total_bytes,
                 uuid: info.uuid,
                 numa_node: info.numa_node.map(i64::from),
+                arch: info
+                    .compute_capability
+                    .map(|(major, minor)| super::Arch::Cuda(major, minor)),
             });
         }
         let mut costs = HashMap::new();

@@ -106,6 +106,7 @@ impl StaticBackend {
                 model: d.model,
                 memory_bytes: d.memory_bytes,
                 numa_node: d.numa_node,
+                arch: None,
             });
         }
         let vendor = Vendor {

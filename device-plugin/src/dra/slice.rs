@@ -10,7 +10,7 @@
 //! An unhealthy device stays in the slice with a `NoSchedule` taint (KEP-5055), so the
 //! scheduler allocates it to no new claim while claims already using it are left alone.
 
-use crate::backend::{Backends, Health};
+use crate::backend::{Arch, Backends, Health};
 use crate::health::HealthMap;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1 as res;
@@ -137,6 +137,23 @@ pub fn devices(backends: &Backends, health: &HealthMap) -> Vec<res::Device> {
                 if let Some(a) = string_attr(value) {
                     attributes.insert(name.to_owned(), a);
                 }
+            }
+            match &d.arch {
+                Some(Arch::Cuda(major, minor)) => {
+                    attributes.insert(
+                        attribute::CUDA_COMPUTE_CAPABILITY.to_owned(),
+                        res::DeviceAttribute {
+                            version: Some(format!("{major}.{minor}.0")),
+                            ..Default::default()
+                        },
+                    );
+                }
+                Some(Arch::Gfx(gfx)) => {
+                    if let Some(a) = string_attr(gfx) {
+                        attributes.insert(attribute::GFX_VERSION.to_owned(), a);
+                    }
+                }
+                None => {}
             }
             if let Some(n) = d.numa_node {
                 attributes.insert(

@@ -50,6 +50,8 @@ pub fn fake_driver(dir: &Path, node: &str, model: &str) -> Result<PathBuf> {
     for (i, d) in fake.devices.iter_mut().enumerate() {
         d.name = model.into();
         d.memory_bytes = 16 << 30;
+        // V100 is Volta (7.0), T4 Turing (7.5).
+        d.compute_capability = Some(if model == MODEL_A { (7, 0) } else { (7, 5) });
         d.uuid = format!("GPU-{node:0>8}-0000-4000-8000-{i:012}");
     }
     fake.write()?;
