@@ -205,5 +205,6 @@ async fn the_standby_takes_over_with_every_acknowledged_report() -> anyhow::Resu
         handover.as_secs_f64()
     );
     c.stop();
+    run.pass();
     Ok(())
 }
