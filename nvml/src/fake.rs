@@ -218,7 +218,7 @@ impl FakeNvml {
             );
         }
         for (d, x) in &self.xids {
-            let _ = writeln!(s, "xid: device={d}; value={x}");
+            s.push_str(&xid_record(*d, *x));
         }
         s
     }
@@ -230,4 +230,21 @@ impl FakeNvml {
         std::fs::write(&tmp, self.render())?;
         std::fs::rename(&tmp, &self.config)
     }
+}
+
+/// One XID record of the configuration file.
+fn xid_record(index: u32, xid: u64) -> String {
+    format!("xid: device={index}; value={xid}\n")
+}
+
+/// Appends an XID for device `index` to the configuration file `config` in place. Unlike
+/// [`FakeNvml::write`] (a rename), this reaches a process that sees the file through a bind
+/// mount of the file itself, as a container given the driver does; the library delivers the
+/// records appended after an event set registered.
+pub fn append_xid(config: &Path, index: u32, xid: u64) -> std::io::Result<()> {
+    use std::io::Write as _;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(config)?
+        .write_all(xid_record(index, xid).as_bytes())
 }

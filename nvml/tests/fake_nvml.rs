@@ -138,6 +138,24 @@ fn init_fails_cleanly_when_nvml_does_not_answer_or_is_missing() {
     assert!(matches!(err, kudos_nvml::Error::Init { .. }));
 }
 
+/// What a container given the driver sees: the configuration file bind-mounted, so XIDs are
+/// appended in place (a rename would not reach it).
+#[test]
+fn an_xid_appended_in_place_is_delivered() {
+    let (_dir, fake, nvml) = setup(2);
+    let (tx, rx) = mpsc::channel();
+    let _watcher = nvml
+        .watch_xid(&[], Duration::from_millis(50), move |e| {
+            let _ = tx.send(e);
+        })
+        .expect("watch");
+    kudos_nvml::fake::append_xid(fake.config_path(), 1, 79).expect("append");
+    match rx.recv_timeout(Duration::from_secs(5)).expect("event") {
+        Event::Xid(x) => assert_eq!((x.uuid, x.xid), (fake.devices[1].uuid.clone(), 79)),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
 #[test]
 fn xid_events_are_delivered_and_failures_reported() {
     let (_dir, mut fake, nvml) = setup(2);

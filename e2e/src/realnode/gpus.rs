@@ -97,17 +97,10 @@ pub fn required_files(images: &[&str]) -> Vec<PathBuf> {
     v
 }
 
-/// Injects XID `xid` on device `index` of the fake driver in `dir` (see [`fake_driver`]) by
-/// appending a record, as the library expects: containers see the driver's configuration
-/// through a bind mount of the file, which a rewrite by rename would leave pointing at the
-/// old content.
+/// Injects XID `xid` on device `index` of the fake driver in `dir` (see [`fake_driver`]):
+/// appended in place, since containers see the configuration through a bind mount of the file.
 pub fn inject_xid(dir: &Path, index: u32, xid: u64) -> Result<()> {
-    use std::io::Write;
-    let path = dir.join("fake-nvml.conf");
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(&path)
-        .with_context(|| format!("open {}", path.display()))?;
-    f.write_all(format!("xid: device={index}; value={xid}\n").as_bytes())
-        .with_context(|| format!("append to {}", path.display()))
+    let config = dir.join(kudos_nvml::fake::FAKE_NVML_CONFIG_FILE);
+    kudos_nvml::fake::append_xid(&config, index, xid)
+        .with_context(|| format!("append an XID to {}", config.display()))
 }
