@@ -100,6 +100,8 @@ pub struct HealthTracker {
     quiet_for: Duration,
     devices: BTreeMap<String, DeviceState>,
     log: Option<CriticalLog>,
+    /// What the log holds now, so a burst of signals within one second writes it once.
+    logged: BTreeMap<String, u64>,
 }
 
 impl HealthTracker {
@@ -126,21 +128,29 @@ impl HealthTracker {
             quiet_for,
             devices,
             log: None,
+            logged: BTreeMap::new(),
         }
     }
 
     /// Keeps the critical events in `log` ([`HealthTracker::record`]) and seeds the devices
     /// whose last one is recent ([`HealthTracker::restore`]); returns how many were seeded.
     pub fn with_log(&mut self, log: CriticalLog, now_wall: SystemTime, now: Instant) -> usize {
-        let seeded = self.restore(&log.load(), now_wall, now);
+        let events = log.load();
+        let seeded = self.restore(&events, now_wall, now);
+        self.logged = events;
         self.log = Some(log);
         seeded
     }
 
-    /// Writes the recent critical events to the log, if there is one.
-    pub fn record(&self, now_wall: SystemTime, now: Instant) {
-        if let Some(log) = &self.log {
-            log.store(&self.critical_events(now_wall, now));
+    /// Writes the recent critical events to the log, if there is one and they changed (each
+    /// write is flushed to disk; an XID storm must not become one per XID).
+    pub fn record(&mut self, now_wall: SystemTime, now: Instant) {
+        let Some(log) = &self.log else {
+            return;
+        };
+        let events = self.critical_events(now_wall, now);
+        if events != self.logged && log.store(&events) {
+            self.logged = events;
         }
     }
 
@@ -297,14 +307,16 @@ impl CriticalLog {
         })
     }
 
-    /// Replaces the log with `events` (failures are logged, not fatal).
-    pub fn store(&self, events: &BTreeMap<String, u64>) {
+    /// Replaces the log with `events`; whether it was written (failures are logged, not
+    /// fatal).
+    pub fn store(&self, events: &BTreeMap<String, u64>) -> bool {
         let written = serde_json::to_vec(events)
             .map_err(std::io::Error::other)
             .and_then(|b| crate::dra::write_atomic(&self.path, &b));
-        if let Err(e) = written {
+        if let Err(e) = &written {
             tracing::warn!(path = %self.path.display(), error = %e, "cannot record critical events");
         }
+        written.is_ok()
     }
 }
 
@@ -491,6 +503,18 @@ mod tests {
         assert_eq!(before.with_log(log.clone(), wall0, t0), 0);
         before.record(wall0, t0 + Duration::from_secs(20));
         assert_eq!(log.load(), events);
+        // Unchanged events are not written again (each write is flushed to disk).
+        let file = dir.path().join("critical-events");
+        std::fs::remove_file(&file).expect("remove");
+        before.record(wall0, t0 + Duration::from_secs(20));
+        assert!(!file.exists(), "rewritten without a change");
+        before.on_signal(&crit, t0 + Duration::from_secs(30));
+        before.record(
+            wall0 + Duration::from_secs(30),
+            t0 + Duration::from_secs(30),
+        );
+        assert!(file.exists(), "a new critical event is written");
+        std::fs::write(&file, serde_json::to_vec(&events).expect("json")).expect("restore file");
 
         // Restarted 30 s after the XID: down for about 30 s more, then recovers.
         let t1 = t0 + Duration::from_secs(100);
