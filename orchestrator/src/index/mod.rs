@@ -502,10 +502,19 @@ impl Index {
         let mut unknown = Vec::new();
         for name in names {
             let info = from_request.get(name).or_else(|| self.nodes.get(name));
-            let slice = self.slices.node(name);
+            // A DRA node's devices are those of its ResourceSlices, which the scheduler
+            // allocates from (the plugin's report until they are seen), never allocatable: a
+            // plugin that registered through the device-plugin API before the orchestrator's
+            // answer leaves a stale allocatable of 0 for minutes. Slices are looked up only
+            // where they can matter.
+            let dra = crate::dra::decide(self.allocation_policy, info).0
+                == kudos_api::dra::AllocationApi::Dra;
             let (node_name, profile) = match self.profiles.get_key_value(name) {
                 Some((n, p)) => (n.clone(), p.clone()),
-                None => match (info.and_then(|i| i.label_profile.as_ref()), slice) {
+                None => match (
+                    info.and_then(|i| i.label_profile.as_ref()),
+                    self.slices.node(name),
+                ) {
                     (Some(p), _) => (Name::from(name), to_profile(p)),
                     (None, Some((_, s))) => (
                         Name::from(name),
@@ -532,15 +541,9 @@ impl Index {
                 m.values()
                     .fold((0u32, 0u32), |(a, b), (h, t)| (a + h, b + t))
             });
-            // A DRA node's devices are those of its ResourceSlices, which the scheduler
-            // allocates from (the plugin's report until they are seen), never allocatable: a
-            // plugin that registered through the device-plugin API before the orchestrator's
-            // answer leaves a stale allocatable of 0 for minutes.
-            let dra = crate::dra::decide(self.allocation_policy, info).0
-                == kudos_api::dra::AllocationApi::Dra;
-            let devices = match slice {
-                Some((counts, _)) if dra => Some(counts),
-                _ => reported,
+            let devices = match dra.then(|| self.slices.node(name)).flatten() {
+                Some((counts, _)) => Some(counts),
+                None => reported,
             };
             let node_allocatable = info.filter(|_| !dra).and_then(|i| i.gpu_allocatable);
             let allocatable = node_allocatable

@@ -6,15 +6,13 @@
 
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kudos_api::dra::{CAPACITY_MEMORY, DRIVER, UNHEALTHY_TAINT_KEY, attribute};
-use serde::Serialize;
 use std::collections::BTreeMap;
 
 /// Slices kept at most: beyond it, new slices are ignored (logged). Each node publishes one.
 pub const MAX_SLICES: usize = 100_000;
 
 /// One node-local slice of the Kudos driver, summarised.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SliceDevices {
     /// The node it is local to.
     pub node: String,
