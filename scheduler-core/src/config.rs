@@ -138,6 +138,12 @@ pub struct SchedulerConfig {
     /// Classes (and `class#g` shapes) the model keeps; a new one beyond this replaces the least
     /// recently observed (class names are user input, so the model's size must not follow them).
     pub max_classes: usize,
+    /// (class, node) cells the model keeps, over all classes: the largest part of the model (a
+    /// class × node grid, about 1.5 KB each when serialised). Beyond it the least recently
+    /// observed eighth is forgotten at once; those nodes then fall back to their device
+    /// profile's history for the class. Default 32,768: under 50 MB of state whatever the
+    /// cluster and class count.
+    pub max_node_cells: usize,
     /// Vendors whose devices a pod may use when neither the pod (`kudos.dev/vendors`) nor its
     /// class (`allowed_vendors`) names any. Default `[nvidia]`: an image built for one vendor's
     /// runtime (CUDA, most of them) fails on another's devices, and every vendor registers the
@@ -166,6 +172,7 @@ impl Default for SchedulerConfig {
             prediction_review_weight: 4.0,
             max_tracked_runs: 10_000,
             max_classes: 2_048,
+            max_node_cells: 32_768,
             default_vendors: vec!["nvidia".to_owned()],
         }
     }
@@ -260,6 +267,13 @@ impl SchedulerConfig {
         )?;
         let c = self.max_classes as f64;
         check("max_classes", c, (1.0..=1e6).contains(&c), "1..=1000000")?;
+        let n = self.max_node_cells as f64;
+        check(
+            "max_node_cells",
+            n,
+            (1.0..=1e7).contains(&n),
+            "1..=10000000",
+        )?;
         for (model, speed) in &self.capability_overrides {
             check(
                 &format!("capability_overrides.{model}"),

@@ -290,6 +290,13 @@ pub fn observe_run(
     if !state.classes.contains_key(&class_key) {
         state.evict_classes_beyond(config.max_classes.saturating_sub(1));
     }
+    let new_cell = !state
+        .classes
+        .get(&class_key)
+        .is_some_and(|c| c.nodes.contains_key(&run.node));
+    if new_cell {
+        state.evict_node_cells_beyond(config.max_node_cells.saturating_sub(1));
+    }
     let class = state.classes.entry(class_key.clone()).or_default();
     class.last_seen = class.last_seen.max(run.end);
     class

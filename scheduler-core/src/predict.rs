@@ -284,6 +284,13 @@ pub(crate) struct NodeCell {
     pub t_ref: f64,
 }
 
+impl NodeCell {
+    /// When the cell was last observed (its newest run; its reviews' time once it has none).
+    fn last_seen(&self) -> f64 {
+        self.window.obs.back().map_or(self.t_ref, |o| o.t)
+    }
+}
+
 /// Everything learned about one class.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct ClassState {
@@ -364,6 +371,46 @@ impl ModelState {
             evicted.push(oldest);
         }
         evicted
+    }
+
+    /// (class, node) cells kept, over all classes.
+    pub fn node_cells(&self) -> usize {
+        self.classes.values().map(|c| c.nodes.len()).sum()
+    }
+
+    /// When there are more than `keep` (class, node) cells, forgets the least recently
+    /// observed until an eighth of `keep` is free, so the scan over all cells happens once per
+    /// `keep / 8` new cells. Returns how many were forgotten.
+    pub(crate) fn evict_node_cells_beyond(&mut self, keep: usize) -> usize {
+        let total = self.node_cells();
+        if total <= keep {
+            return 0;
+        }
+        let remove = total - (keep - keep / 8);
+        let mut times: Vec<f64> = self
+            .classes
+            .values()
+            .flat_map(|c| c.nodes.values().map(NodeCell::last_seen))
+            .collect();
+        let (_, cut, _) = times.select_nth_unstable_by(remove - 1, f64::total_cmp);
+        let cut = *cut;
+        // All cells older than the cut go, and as many as needed of those observed at it.
+        let older = times.iter().filter(|t| **t < cut).count();
+        let mut at_cut = remove - older;
+        for class in self.classes.values_mut() {
+            class.nodes.retain(|_, cell| {
+                let t = cell.last_seen();
+                if t < cut {
+                    return false;
+                }
+                if t == cut && at_cut > 0 {
+                    at_cut -= 1;
+                    return false;
+                }
+                true
+            });
+        }
+        remove
     }
 
     /// Runs observed in total.

@@ -148,6 +148,43 @@ fn in_progress_needs_progress_or_work() {
     assert!(s.observe_run("pod-d", &r, 100.0).is_ok());
 }
 
+/// (class, node) cells are the model's largest part: beyond `max_node_cells` the least
+/// recently observed go, an eighth at a time, and the recent ones keep their history.
+#[test]
+fn node_cells_stay_bounded_and_the_recent_ones_are_kept() {
+    let mut s = Scheduler::new(SchedulerConfig {
+        max_node_cells: 64,
+        ..SchedulerConfig::default()
+    });
+    // 3 classes × 100 nodes, node by node: 300 cells offered, time increasing.
+    let mut end = 1000.0;
+    for node in 0..100 {
+        for class in ["a", "b", "c"] {
+            end += 10.0;
+            let r = RunObservation {
+                class: class.into(),
+                ..report(&format!("n{node}"), end - 100.0, end, 50.0, true)
+            };
+            s.observe(&r, end).expect("observe");
+            assert!(s.state().node_cells() <= 64, "{}", s.state().node_cells());
+        }
+    }
+    assert!(s.state().node_cells() >= 56, "evicts an eighth, not all");
+    for class in ["a", "b", "c"] {
+        assert_eq!(s.state().node_runs(class, "n99"), 1, "the newest are kept");
+        assert_eq!(s.state().node_runs(class, "n0"), 0, "the oldest are gone");
+    }
+    // The classes and what they learned per profile stay.
+    let mut classes: Vec<&str> = s.state().classes().collect();
+    classes.sort_unstable();
+    assert_eq!(classes, ["a", "b", "c"]);
+    let bad = SchedulerConfig {
+        max_node_cells: 0,
+        ..SchedulerConfig::default()
+    };
+    assert!(bad.validate().is_err());
+}
+
 /// Class names are user input: at `max_classes` a new class replaces the least recently
 /// observed one, so the model's size does not follow the number of labels ever used.
 #[test]
