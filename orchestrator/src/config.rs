@@ -412,6 +412,21 @@ pub struct Settings {
     pub leader_election: Option<crate::leader::ElectionConfig>,
 }
 
+/// The store's name: it names ConfigMaps and is their `kudos.dev/store` label value.
+fn store_name(name: Option<String>) -> Result<String, ConfigError> {
+    let name = name.unwrap_or_else(|| "kudos-orchestrator-state".to_owned());
+    if name.len() > crate::store_k8s::MAX_NAME_LEN || !kudos_api::bounds::is_dns_label(&name) {
+        return Err(ConfigError::Invalid {
+            field: "store.name",
+            reason: format!(
+                "'{name}' must be a DNS label (lower-case letters, digits, '-') of at most {} characters",
+                crate::store_k8s::MAX_NAME_LEN
+            ),
+        });
+    }
+    Ok(name)
+}
+
 fn positive_secs(field: &'static str, v: f64) -> Result<Duration, ConfigError> {
     if v.is_finite() && v > 0.0 && v < 1e9 {
         Ok(Duration::from_secs_f64(v))
@@ -549,10 +564,7 @@ impl Settings {
                 .or(file.store.path)
                 .unwrap_or_else(|| PathBuf::from("kudos-orchestrator.redb")),
             store_namespace,
-            store_name: file
-                .store
-                .name
-                .unwrap_or_else(|| "kudos-orchestrator-state".to_owned()),
+            store_name: store_name(file.store.name)?,
             snapshot_interval: positive_secs(
                 "store.snapshotIntervalSeconds",
                 file.store.snapshot_interval_seconds.unwrap_or(30.0),
@@ -726,6 +738,19 @@ mod tests {
             "default-scheduler",
         ] {
             assert!(pod_scheduler_name(Some(bad.into())).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_store_name_is_a_short_dns_label() {
+        assert_eq!(
+            store_name(None).ok().as_deref(),
+            Some("kudos-orchestrator-state")
+        );
+        assert!(store_name(Some("kudos-state".into())).is_ok());
+        for bad in ["Kudos", "a.b", "-a", &"a".repeat(41), ""] {
+            let e = store_name(Some(bad.into())).unwrap_err().to_string();
+            assert!(e.contains("store.name") && e.contains("40"), "{e}");
         }
     }
 

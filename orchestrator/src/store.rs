@@ -326,7 +326,7 @@ impl Store for FileStore {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::state::RunOutcome;
 

@@ -1,131 +1,404 @@
-//! The in-cluster store: the same state as [`crate::store::FileStore`] in one ConfigMap, so it
-//! survives the loss of the orchestrator's pod and a standby replica can take over.
+//! The in-cluster store: the state of [`crate::store::FileStore`] spread over small ConfigMaps
+//! in the orchestrator's namespace, so it survives the loss of the orchestrator's pod, a standby
+//! replica can take over, and no write grows with the state.
 //!
-//! Every write is a read-modify-replace guarded by `resourceVersion` (retried on Conflict), so
-//! a write that returned is in etcd. Keys: `plugin-config.json`, `model.json` + `model-seq`,
-//! `runs.json` (runs not yet in the snapshot, pruned by `save_model`), `report-ids.json`
-//! and `next-seq`. A ConfigMap holds at most 1 MiB, so only the last [`MAX_REPORT_IDS`]
-//! report IDs are kept for de-duplication (agents re-send only unacknowledged, recent reports)
-//! and the snapshot interval should be short enough to keep `runs.json` small.
+//! | object | holds | written |
+//! |---|---|---|
+//! | `<name>` | `state.json`: the next run `seq`, the snapshot's `seq` and chunk count, the plugin configuration's generation, unified name and derived images | each batch of runs (a `seq` reservation), snapshot and configuration change; compare-and-swap on `resourceVersion` |
+//! | `<name>-node-<hash>` | one node's plugin report | when that node's report changes; deleted with the node |
+//! | `<name>-runs-<seq>` | the runs of one batch, from `seq` on | created once; deleted when a snapshot includes them |
+//! | `<name>-model-<seq>-<i>` | chunk `i` of the snapshot that includes runs up to `seq` | each snapshot, at most [`MODEL_BYTES_PER_SECOND`] on average |
+//! | `<name>-report-ids` | the last [`MAX_REPORT_IDS`] report IDs, for de-duplication after their runs are folded into a snapshot | each snapshot |
+//!
+//! All carry `kudos.dev/store=<name>` and `kudos.dev/store-part=<part>`.
+//!
+//! Why not one object: the first version kept everything in one ConfigMap, rewritten whole on
+//! every report. It hit the 1 MiB object limit after about 3,000 reports (from then on nothing was
+//! stored), and every rewrite left a whole copy in etcd's history: about 4,000 rewrites filled
+//! etcd's 2 GiB quota and stopped every write in the cluster. Here a report costs its own bytes
+//! plus a small `seq` reservation per batch, every object stays under [`OBJECT_BYTES`], and what a
+//! snapshot makes obsolete is deleted, so etcd's size stays flat once the API server compacts it.
+//!
+//! Crash safety comes from the order of writes: chunks before the `state.json` that names them;
+//! a `seq` range reserved (compare-and-swap, so two replicas never share one) before its runs are
+//! written; a snapshot's report IDs before the runs they came from are deleted. What a crash
+//! leaves behind (chunks nobody names, runs a snapshot covers) is deleted at the next load.
+//!
+//! A ConfigMap in the first format (`plugin-config.json`, `model.json`, `runs.json`,
+//! `report-ids.json` in `<name>`) is converted on first load, losing nothing.
 
-use crate::state::{PluginConfig, StoredRun};
+use crate::state::{PluginConfig, StoredRun, VendorEntry};
 use crate::store::{Appended, Loaded, Store, StoreError};
+use futures::StreamExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use std::collections::{BTreeMap, VecDeque};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kudos_api::plugin_config::DerivedImage;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
 
-/// Report IDs remembered for de-duplication.
+/// Report IDs kept once their runs are folded into a snapshot (agents re-send only
+/// unacknowledged, recent reports).
 pub const MAX_REPORT_IDS: usize = 5_000;
+/// Report IDs remembered in memory (those of runs not yet in a snapshot, then the most recent).
+const MAX_IDS_IN_MEMORY: usize = 200_000;
+/// Data bytes per object at most: under the API server's 1 MiB limit, with room for metadata.
+pub const OBJECT_BYTES: usize = 768 * 1024;
+/// Average bytes per second snapshots may write: a snapshot sooner than this allows is skipped
+/// (its runs stay in the log, replayable). A 1 MiB model is then saved at most every 16 s,
+/// a 20 MiB one every 5 min, so etcd's history between compactions stays bounded.
+pub const MODEL_BYTES_PER_SECOND: u64 = 64 * 1024;
+/// Longest store name: it is a label value, and object names add at most 31 characters.
+pub const MAX_NAME_LEN: usize = 40;
+const FORMAT: u32 = 2;
 const RETRIES: usize = 8;
+const PARALLEL_WRITES: usize = 8;
+const LABEL_STORE: &str = "kudos.dev/store";
+const LABEL_PART: &str = "kudos.dev/store-part";
+const KEY_STATE: &str = "state.json";
+const KEY_NODE: &str = "node.json";
+const KEY_RUNS: &str = "runs.json";
+const KEY_CHUNK: &str = "chunk";
+const KEY_IDS: &str = "report-ids.json";
+const ANN_SEQ: &str = "kudos.dev/seq";
+const ANN_CHUNK: &str = "kudos.dev/chunk";
 
 /// See the module docs.
 pub struct ConfigMapStore {
     api: kube::Api<ConfigMap>,
     name: String,
+    model_bytes_per_second: u64,
+    inner: tokio::sync::Mutex<Option<Inner>>,
 }
 
-#[derive(Default)]
-struct Data {
-    plugin: Option<PluginConfig>,
-    model: Option<String>,
-    model_seq: u64,
-    runs: Vec<StoredRun>,
-    ids: VecDeque<String>,
+/// `state.json`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Meta {
+    format: u32,
     next_seq: u64,
+    model_seq: u64,
+    #[serde(default)]
+    model_chunks: u32,
+    #[serde(default)]
+    generation: u64,
+    #[serde(default)]
+    unified_resource_name: String,
+    #[serde(default)]
+    images: BTreeMap<String, DerivedImage>,
 }
 
-fn decode(cm: &ConfigMap) -> Result<Data, StoreError> {
-    let empty = BTreeMap::new();
-    let d = cm.data.as_ref().unwrap_or(&empty);
-    let get = |k: &str| d.get(k).map(String::as_str);
-    Ok(Data {
-        plugin: get("plugin-config.json")
-            .map(serde_json::from_str)
-            .transpose()?,
-        model: get("model.json").map(str::to_owned),
-        model_seq: get("model-seq")
-            .map(serde_json::from_str)
-            .transpose()?
-            .unwrap_or(0),
-        runs: get("runs.json")
-            .map(serde_json::from_str)
-            .transpose()?
-            .unwrap_or_default(),
-        ids: get("report-ids.json")
-            .map(serde_json::from_str)
-            .transpose()?
-            .unwrap_or_default(),
-        next_seq: get("next-seq")
-            .map(serde_json::from_str)
-            .transpose()?
-            .unwrap_or(1),
-    })
+/// `node.json`: one node's entry of the plugin configuration.
+#[derive(Serialize, Deserialize)]
+struct NodeRecord {
+    node: String,
+    /// The configuration's generation when this was written (a crash before `state.json` was
+    /// updated must not hide the change).
+    generation: u64,
+    vendors: BTreeMap<String, VendorEntry>,
 }
 
-fn encode(d: &Data) -> Result<BTreeMap<String, String>, StoreError> {
-    let mut m = BTreeMap::new();
-    if let Some(p) = &d.plugin {
-        m.insert("plugin-config.json".into(), serde_json::to_string(p)?);
+/// What this process knows the store holds; it is the one writer while it leads.
+struct Inner {
+    meta: Meta,
+    /// `resourceVersion` of `<name>`; `None` until it exists.
+    rv: Option<String>,
+    nodes: BTreeMap<String, BTreeMap<String, VendorEntry>>,
+    ids: RecentIds,
+    /// Run segments whose report IDs are in `ids` (written or loaded here): another replica's
+    /// must be read before a snapshot deletes them, or their IDs would be forgotten.
+    segments: HashSet<String>,
+    /// Earliest time the next snapshot may be written.
+    next_model_write: Option<Instant>,
+}
+
+/// Report IDs in arrival order, bounded.
+#[derive(Default)]
+struct RecentIds {
+    order: VecDeque<String>,
+    set: HashSet<String>,
+}
+
+impl RecentIds {
+    fn insert(&mut self, id: String) {
+        if self.set.insert(id.clone()) {
+            self.order.push_back(id);
+        }
+        while self.order.len() > MAX_IDS_IN_MEMORY {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
     }
-    if let Some(model) = &d.model {
-        m.insert("model.json".into(), model.clone());
+
+    fn contains(&self, id: &str) -> bool {
+        self.set.contains(id)
     }
-    m.insert("model-seq".into(), d.model_seq.to_string());
-    m.insert("runs.json".into(), serde_json::to_string(&d.runs)?);
-    m.insert("report-ids.json".into(), serde_json::to_string(&d.ids)?);
-    m.insert("next-seq".into(), d.next_seq.to_string());
-    Ok(m)
+
+    fn last(&self, n: usize) -> Vec<&String> {
+        self.order
+            .iter()
+            .skip(self.order.len().saturating_sub(n))
+            .collect()
+    }
+}
+
+fn kube_err(e: kube::Error) -> StoreError {
+    StoreError::Kube(Box::new(e))
+}
+
+fn is_code(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+/// `s` in pieces of at most `max` bytes, cut at character boundaries.
+fn split_utf8(s: &str, max: usize) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = s;
+    while !rest.is_empty() {
+        let mut cut = rest.len().min(max);
+        while !rest.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let (head, tail) = rest.split_at(cut);
+        out.push(head);
+        rest = tail;
+    }
+    out
+}
+
+/// Runs packed into JSON arrays of at most [`OBJECT_BYTES`]: (first seq, last seq, JSON).
+fn pack_runs(runs: &[StoredRun]) -> Result<Vec<(u64, u64, String)>, StoreError> {
+    let mut out = Vec::new();
+    let mut cur: Vec<String> = Vec::new();
+    let (mut first, mut last, mut bytes) = (0, 0, 2);
+    for r in runs {
+        let one = serde_json::to_string(r)?;
+        if one.len() + 2 > OBJECT_BYTES {
+            return Err(StoreError::Conflict(format!(
+                "run report {} is {} bytes, over the {OBJECT_BYTES}-byte object limit",
+                r.report_id,
+                one.len()
+            )));
+        }
+        if !cur.is_empty() && bytes + one.len() + 1 > OBJECT_BYTES {
+            out.push((first, last, format!("[{}]", cur.join(","))));
+            cur.clear();
+            bytes = 2;
+        }
+        if cur.is_empty() {
+            first = r.seq;
+        }
+        last = r.seq;
+        bytes += one.len() + 1;
+        cur.push(one);
+    }
+    if !cur.is_empty() {
+        out.push((first, last, format!("[{}]", cur.join(","))));
+    }
+    Ok(out)
+}
+
+fn node_object_suffix(node: &str) -> String {
+    format!("{:016x}", crate::kobj::seed_of(node))
+}
+
+fn annotation(cm: &ConfigMap, key: &str) -> Option<u64> {
+    cm.metadata.annotations.as_ref()?.get(key)?.parse().ok()
+}
+
+fn part(cm: &ConfigMap) -> Option<&str> {
+    cm.metadata
+        .labels
+        .as_ref()?
+        .get(LABEL_PART)
+        .map(String::as_str)
+}
+
+fn data<'a>(cm: &'a ConfigMap, key: &str) -> Option<&'a str> {
+    cm.data.as_ref()?.get(key).map(String::as_str)
 }
 
 impl ConfigMapStore {
-    /// Uses ConfigMap `namespace/name`, creating it on first write.
+    /// Uses ConfigMaps named after `name` in `namespace`, creating them as it writes.
     pub fn new(client: kube::Client, namespace: &str, name: &str) -> Self {
         Self {
             api: kube::Api::namespaced(client, namespace),
             name: name.to_owned(),
+            model_bytes_per_second: MODEL_BYTES_PER_SECOND,
+            inner: tokio::sync::Mutex::new(None),
         }
     }
 
-    async fn read(&self) -> Result<Option<ConfigMap>, StoreError> {
-        self.api
-            .get_opt(&self.name)
-            .await
-            .map_err(|e| StoreError::Kube(Box::new(e)))
+    /// Sets the average bytes per second snapshots may write (default
+    /// [`MODEL_BYTES_PER_SECOND`]); a test that replays hours of reports in seconds raises it.
+    pub fn with_snapshot_budget(mut self, bytes_per_second: u64) -> Self {
+        self.model_bytes_per_second = bytes_per_second.max(1);
+        self
     }
 
-    /// Applies `f` to the current data and writes it back; retries on Conflict.
-    async fn update<T>(&self, mut f: impl FnMut(&mut Data) -> T) -> Result<T, StoreError> {
-        for _ in 0..RETRIES {
-            let current = self.read().await?;
-            let mut data = match &current {
-                Some(cm) => decode(cm)?,
-                None => Data {
-                    next_seq: 1,
-                    ..Default::default()
-                },
-            };
-            let out = f(&mut data);
-            let cm = ConfigMap {
-                metadata: ObjectMeta {
-                    name: Some(self.name.clone()),
-                    resource_version: current
-                        .as_ref()
-                        .and_then(|c| c.metadata.resource_version.clone()),
-                    ..Default::default()
-                },
-                data: Some(encode(&data)?),
+    fn object(
+        &self,
+        name: String,
+        part: &str,
+        key: &str,
+        value: String,
+        annotations: &[(&str, u64)],
+    ) -> ConfigMap {
+        let labels = BTreeMap::from([
+            (LABEL_STORE.to_owned(), self.name.clone()),
+            (LABEL_PART.to_owned(), part.to_owned()),
+            (
+                "app.kubernetes.io/managed-by".to_owned(),
+                "kudos-orchestrator".to_owned(),
+            ),
+        ]);
+        let annotations: BTreeMap<String, String> = annotations
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.to_string()))
+            .collect();
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name),
+                labels: Some(labels),
+                annotations: (!annotations.is_empty()).then_some(annotations),
                 ..Default::default()
-            };
-            let pp = kube::api::PostParams::default();
-            let r = match current {
+            },
+            data: Some(BTreeMap::from([(key.to_owned(), value)])),
+            ..Default::default()
+        }
+    }
+
+    /// Writes `cm` whatever is there (an unconditional replace, or a create).
+    async fn put(&self, cm: &ConfigMap) -> Result<(), StoreError> {
+        let name = cm.metadata.name.clone().unwrap_or_default();
+        let pp = PostParams::default();
+        for _ in 0..RETRIES {
+            match self.api.replace(&name, &pp, cm).await {
+                Ok(_) => return Ok(()),
+                Err(e) if is_code(&e, 404) => match self.api.create(&pp, cm).await {
+                    Ok(_) => return Ok(()),
+                    Err(e) if is_code(&e, 409) => continue,
+                    Err(e) => return Err(kube_err(e)),
+                },
+                Err(e) if is_code(&e, 409) => continue,
+                Err(e) => return Err(kube_err(e)),
+            }
+        }
+        Err(StoreError::Conflict(format!(
+            "ConfigMap {name} kept changing; gave up after {RETRIES} attempts"
+        )))
+    }
+
+    /// Deletes `names`, ignoring those already gone; logs (does not fail on) other errors: what
+    /// is left is deleted at the next load.
+    async fn delete_all(&self, names: Vec<String>) {
+        let dp = DeleteParams::default();
+        let api = &self.api;
+        futures::stream::iter(names)
+            .for_each_concurrent(PARALLEL_WRITES, |n| {
+                let dp = dp.clone();
+                async move {
+                    match api.delete(&n, &dp).await {
+                        Ok(_) => {}
+                        Err(e) if is_code(&e, 404) => {}
+                        Err(e) => tracing::warn!(object = %n, error = %e, "deleting an obsolete state object failed; retried at the next start"),
+                    }
+                }
+            })
+            .await;
+    }
+
+    async fn put_all(&self, objects: Vec<ConfigMap>) -> Result<(), StoreError> {
+        let results: Vec<Result<(), StoreError>> = futures::stream::iter(objects)
+            .map(|cm| async move { self.put(&cm).await })
+            .buffer_unordered(PARALLEL_WRITES)
+            .collect()
+            .await;
+        results.into_iter().collect()
+    }
+
+    async fn read_meta(&self) -> Result<Option<ConfigMap>, StoreError> {
+        self.api.get_opt(&self.name).await.map_err(kube_err)
+    }
+
+    async fn list_parts(&self) -> Result<Vec<ConfigMap>, StoreError> {
+        let mut lp = ListParams::default()
+            .labels(&format!("{LABEL_STORE}={}", self.name))
+            .limit(500);
+        let mut out = Vec::new();
+        loop {
+            let page = self.api.list(&lp).await.map_err(kube_err)?;
+            out.extend(page.items);
+            match page.metadata.continue_ {
+                Some(c) if !c.is_empty() => lp = lp.continue_token(&c),
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    /// Applies `change` to `state.json` and writes it (compare-and-swap). On a conflict the
+    /// current object is read back (keeping the larger `next_seq` and the newer snapshot) and
+    /// `change` applied again; its result is the one of the write that succeeded.
+    async fn write_meta<T>(
+        &self,
+        inner: &mut Inner,
+        mut change: impl FnMut(&mut Meta) -> T,
+    ) -> Result<T, StoreError> {
+        let pp = PostParams::default();
+        for _ in 0..RETRIES {
+            let mut meta = inner.meta.clone();
+            meta.format = FORMAT;
+            let out = change(&mut meta);
+            let mut cm = self.object(
+                self.name.clone(),
+                "state",
+                KEY_STATE,
+                serde_json::to_string(&meta)?,
+                &[],
+            );
+            cm.metadata.resource_version = inner.rv.clone();
+            let r = match &inner.rv {
                 Some(_) => self.api.replace(&self.name, &pp, &cm).await,
                 None => self.api.create(&pp, &cm).await,
             };
             match r {
-                Ok(_) => return Ok(out),
-                Err(kube::Error::Api(s)) if s.code == 409 => continue,
-                Err(e) => return Err(StoreError::Kube(Box::new(e))),
+                Ok(written) => {
+                    inner.rv = written.metadata.resource_version;
+                    inner.meta = meta;
+                    return Ok(out);
+                }
+                Err(e) if is_code(&e, 409) => {
+                    tracing::info!(
+                        object = %self.name,
+                        "the store's state changed under this replica; reading it again"
+                    );
+                    let Some(current) = self.read_meta().await? else {
+                        inner.rv = None;
+                        continue;
+                    };
+                    let theirs: Meta = match data(&current, KEY_STATE) {
+                        Some(s) => serde_json::from_str(s)?,
+                        None => Meta::default(),
+                    };
+                    let next_seq = inner.meta.next_seq.max(theirs.next_seq);
+                    let snapshot_ours = inner.meta.model_seq > theirs.model_seq;
+                    let (model_seq, model_chunks) = if snapshot_ours {
+                        (inner.meta.model_seq, inner.meta.model_chunks)
+                    } else {
+                        (theirs.model_seq, theirs.model_chunks)
+                    };
+                    inner.meta = Meta {
+                        next_seq,
+                        model_seq,
+                        model_chunks,
+                        ..theirs
+                    };
+                    inner.rv = current.metadata.resource_version;
+                }
+                Err(e) => return Err(kube_err(e)),
             }
         }
         Err(StoreError::Conflict(format!(
@@ -133,45 +406,527 @@ impl ConfigMapStore {
             self.name
         )))
     }
+
+    /// The in-memory view, loading it first if needed.
+    async fn ready<'a>(&self, guard: &'a mut Option<Inner>) -> Result<&'a mut Inner, StoreError> {
+        if guard.is_none() {
+            let (inner, _) = self.load_inner().await?;
+            *guard = Some(inner);
+        }
+        match guard.as_mut() {
+            Some(i) => Ok(i),
+            None => Err(StoreError::Conflict(
+                "store state missing after load".into(),
+            )),
+        }
+    }
+
+    async fn load_inner(&self) -> Result<(Inner, Loaded), StoreError> {
+        let meta_cm = self.read_meta().await?;
+        if let Some(cm) = &meta_cm
+            && legacy::is_legacy(cm)
+        {
+            self.migrate(cm).await?;
+            return Box::pin(self.load_inner()).await;
+        }
+        let rv = meta_cm
+            .as_ref()
+            .and_then(|c| c.metadata.resource_version.clone());
+        let mut meta: Meta = match meta_cm.as_ref().and_then(|c| data(c, KEY_STATE)) {
+            Some(s) => serde_json::from_str(s)?,
+            None => Meta::default(),
+        };
+        let parts = if meta_cm.is_some() {
+            self.list_parts().await?
+        } else {
+            Vec::new()
+        };
+
+        let mut nodes = BTreeMap::new();
+        let mut generation = meta.generation;
+        let mut chunks: BTreeMap<u64, &str> = BTreeMap::new();
+        let mut obsolete = Vec::new();
+        let mut segments = HashSet::new();
+        let mut runs: Vec<StoredRun> = Vec::new();
+        let mut ids = RecentIds::default();
+        let mut max_seq = 0;
+        let mut segment_ids: Vec<(u64, String)> = Vec::new();
+        for cm in &parts {
+            let name = cm.metadata.name.clone().unwrap_or_default();
+            match part(cm) {
+                Some("node") => match data(cm, KEY_NODE).map(serde_json::from_str::<NodeRecord>) {
+                    Some(Ok(r)) => {
+                        generation = generation.max(r.generation);
+                        nodes.insert(r.node, r.vendors);
+                    }
+                    _ => {
+                        tracing::error!(object = %name, "a node's stored plugin report is unreadable; ignored until its plugin reports again")
+                    }
+                },
+                Some("model") => {
+                    let seq = annotation(cm, ANN_SEQ).unwrap_or(0);
+                    if seq == meta.model_seq && seq > 0 {
+                        if let (Some(i), Some(text)) =
+                            (annotation(cm, ANN_CHUNK), data(cm, KEY_CHUNK))
+                        {
+                            chunks.insert(i, text);
+                        }
+                    } else if seq < meta.model_seq {
+                        obsolete.push(name);
+                    }
+                    // A newer seq: a snapshot being written now, or one a crash cut short;
+                    // the next snapshot's clean-up removes it.
+                }
+                Some("runs") => {
+                    let parsed = data(cm, KEY_RUNS).map(serde_json::from_str::<Vec<StoredRun>>);
+                    let Some(Ok(batch)) = parsed else {
+                        tracing::error!(object = %name, "a stored run segment is unreadable; its runs are lost to the model");
+                        continue;
+                    };
+                    let last = batch.last().map_or(0, |r| r.seq);
+                    max_seq = max_seq.max(last);
+                    for r in &batch {
+                        segment_ids.push((r.seq, r.report_id.clone()));
+                    }
+                    segments.insert(name.clone());
+                    if last <= meta.model_seq {
+                        obsolete.push(name);
+                    } else {
+                        runs.extend(batch.into_iter().filter(|r| r.seq > meta.model_seq));
+                    }
+                }
+                Some("ids") => match data(cm, KEY_IDS).map(serde_json::from_str::<Vec<String>>) {
+                    Some(Ok(list)) => list.into_iter().for_each(|id| ids.insert(id)),
+                    _ => {
+                        tracing::error!(object = %name, "stored report IDs are unreadable; a re-sent old report may be learned twice")
+                    }
+                },
+                _ => {}
+            }
+        }
+        segment_ids.sort();
+        for (_, id) in segment_ids {
+            ids.insert(id);
+        }
+        runs.sort_by_key(|r| r.seq);
+
+        let model = if meta.model_seq == 0 {
+            None
+        } else if chunks.len() == meta.model_chunks as usize
+            && chunks.keys().copied().eq(0..u64::from(meta.model_chunks))
+        {
+            Some((
+                chunks.values().copied().collect::<String>().into_bytes(),
+                meta.model_seq,
+            ))
+        } else {
+            tracing::error!(
+                snapshot_seq = meta.model_seq,
+                chunks_expected = meta.model_chunks,
+                chunks_found = chunks.len(),
+                "the model snapshot is incomplete (its ConfigMaps were deleted?); starting from the runs still stored"
+            );
+            None
+        };
+        meta.next_seq = meta
+            .next_seq
+            .max(max_seq + 1)
+            .max(meta.model_seq + 1)
+            .max(1);
+        if !obsolete.is_empty() {
+            tracing::info!(
+                objects = obsolete.len(),
+                "deleting state objects a snapshot made obsolete"
+            );
+            // Their report IDs first, or a re-sent report would be learned twice.
+            self.put(&self.ids_object(&ids)?).await?;
+            self.delete_all(obsolete).await;
+        }
+        let plugin_config = PluginConfig {
+            generation,
+            unified_resource_name: meta.unified_resource_name.clone(),
+            nodes: nodes.clone(),
+            images: meta.images.clone(),
+        };
+        let loaded = Loaded {
+            plugin_config,
+            model,
+            runs_to_replay: runs,
+            known_reports: ids.order.len() as u64,
+        };
+        let inner = Inner {
+            meta,
+            rv,
+            nodes,
+            ids,
+            segments,
+            next_model_write: None,
+        };
+        Ok((inner, loaded))
+    }
+
+    /// Writes the first format's content in this one, then replaces `<name>` (dropping the old
+    /// keys) only once everything else is written: a crash part-way converts again.
+    async fn migrate(&self, cm: &ConfigMap) -> Result<(), StoreError> {
+        let old = legacy::decode(cm)?;
+        tracing::info!(
+            runs = old.runs.len(),
+            report_ids = old.ids.len(),
+            "converting the single-ConfigMap state to the sharded format"
+        );
+        let plugin = old.plugin.unwrap_or_default();
+        let mut objects: Vec<ConfigMap> = Vec::new();
+        for (node, vendors) in &plugin.nodes {
+            objects.push(self.node_object(node, plugin.generation, vendors)?);
+        }
+        let runs: Vec<StoredRun> = old
+            .runs
+            .into_iter()
+            .filter(|r| r.seq > old.model_seq)
+            .collect();
+        for (first, last, json) in pack_runs(&runs)? {
+            objects.push(self.segment_object(first, last, json));
+        }
+        let chunk_count = match &old.model {
+            Some(text) => {
+                let chunks = split_utf8(text, OBJECT_BYTES);
+                let n = chunks.len() as u32;
+                for (i, c) in chunks.into_iter().enumerate() {
+                    objects.push(self.chunk_object(old.model_seq, i as u64, c.to_owned()));
+                }
+                n
+            }
+            None => 0,
+        };
+        objects.push(self.object(
+            format!("{}-report-ids", self.name),
+            "ids",
+            KEY_IDS,
+            serde_json::to_string(&old.ids)?,
+            &[],
+        ));
+        self.put_all(objects).await?;
+        let meta = Meta {
+            format: FORMAT,
+            next_seq: old.next_seq.max(1),
+            model_seq: if old.model.is_some() {
+                old.model_seq
+            } else {
+                0
+            },
+            model_chunks: chunk_count,
+            generation: plugin.generation,
+            unified_resource_name: plugin.unified_resource_name,
+            images: plugin.images,
+        };
+        let mut new = self.object(
+            self.name.clone(),
+            "state",
+            KEY_STATE,
+            serde_json::to_string(&meta)?,
+            &[],
+        );
+        new.metadata.resource_version = cm.metadata.resource_version.clone();
+        self.api
+            .replace(&self.name, &PostParams::default(), &new)
+            .await
+            .map_err(kube_err)?;
+        Ok(())
+    }
+
+    fn node_object(
+        &self,
+        node: &str,
+        generation: u64,
+        vendors: &BTreeMap<String, VendorEntry>,
+    ) -> Result<ConfigMap, StoreError> {
+        let record = NodeRecord {
+            node: node.to_owned(),
+            generation,
+            vendors: vendors.clone(),
+        };
+        Ok(self.object(
+            format!("{}-node-{}", self.name, node_object_suffix(node)),
+            "node",
+            KEY_NODE,
+            serde_json::to_string(&record)?,
+            &[],
+        ))
+    }
+
+    fn segment_object(&self, first: u64, last: u64, json: String) -> ConfigMap {
+        self.object(
+            format!("{}-runs-{first}", self.name),
+            "runs",
+            KEY_RUNS,
+            json,
+            &[(ANN_SEQ, last)],
+        )
+    }
+
+    fn chunk_object(&self, seq: u64, i: u64, text: String) -> ConfigMap {
+        self.object(
+            format!("{}-model-{seq}-{i}", self.name),
+            "model",
+            KEY_CHUNK,
+            text,
+            &[(ANN_SEQ, seq), (ANN_CHUNK, i)],
+        )
+    }
+
+    fn ids_object(&self, ids: &RecentIds) -> Result<ConfigMap, StoreError> {
+        Ok(self.object(
+            format!("{}-report-ids", self.name),
+            "ids",
+            KEY_IDS,
+            serde_json::to_string(&ids.last(MAX_REPORT_IDS))?,
+            &[],
+        ))
+    }
+
+    /// Deletes what the snapshot at `seq` made obsolete: run segments it includes and older
+    /// snapshots' chunks, whichever replica wrote them (reading names and annotations only,
+    /// and the data of another replica's segments, whose report IDs are kept first). On an
+    /// error it leaves them: the next start deletes them.
+    async fn delete_obsolete(&self, seq: u64) {
+        let lp = ListParams::default().labels(&format!("{LABEL_STORE}={}", self.name));
+        let listed = match self.api.list_metadata(&lp).await {
+            Ok(l) => l.items,
+            Err(e) => {
+                tracing::warn!(error = %e, "listing the state's objects failed; what the snapshot made obsolete is deleted at the next start");
+                return;
+            }
+        };
+        let (mut runs, mut chunks) = (Vec::new(), Vec::new());
+        for o in listed {
+            let labels = o.metadata.labels.as_ref();
+            let part = labels.and_then(|l| l.get(LABEL_PART)).map(String::as_str);
+            let at = o
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANN_SEQ))
+                .and_then(|v| v.parse::<u64>().ok());
+            match (part, at, o.metadata.name) {
+                (Some("runs"), Some(last), Some(name)) if last <= seq => runs.push(name),
+                (Some("model"), Some(at), Some(name)) if at < seq => chunks.push(name),
+                _ => {}
+            }
+        }
+        let mut guard = self.inner.lock().await;
+        let Some(inner) = guard.as_mut() else {
+            return;
+        };
+        let unknown: Vec<&String> = runs
+            .iter()
+            .filter(|n| !inner.segments.contains(*n))
+            .collect();
+        if !unknown.is_empty() {
+            for name in unknown {
+                let cm = match self.api.get_opt(name).await {
+                    Ok(Some(cm)) => cm,
+                    Ok(None) => continue,
+                    Err(e) => {
+                        tracing::warn!(object = %name, error = %e, "reading another replica's runs failed; deleted at the next start");
+                        return;
+                    }
+                };
+                if let Some(Ok(batch)) =
+                    data(&cm, KEY_RUNS).map(serde_json::from_str::<Vec<StoredRun>>)
+                {
+                    batch
+                        .into_iter()
+                        .for_each(|r| inner.ids.insert(r.report_id));
+                }
+            }
+            let written = match self.ids_object(&inner.ids) {
+                Ok(o) => self.put(&o).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = written {
+                tracing::warn!(error = %e, "saving report IDs failed; obsolete runs are deleted at the next start");
+                return;
+            }
+        }
+        for name in &runs {
+            inner.segments.remove(name);
+        }
+        drop(guard);
+        runs.append(&mut chunks);
+        self.delete_all(runs).await;
+    }
+
+    async fn append(&self, runs: Vec<StoredRun>) -> Result<Vec<Appended>, StoreError> {
+        let mut guard = self.inner.lock().await;
+        let inner = self.ready(&mut guard).await?;
+        let mut out = vec![Appended::Duplicate; runs.len()];
+        let mut seen = HashSet::new();
+        let mut fresh = Vec::new();
+        for (i, r) in runs.into_iter().enumerate() {
+            if !inner.ids.contains(&r.report_id) && seen.insert(r.report_id.clone()) {
+                fresh.push((i, r));
+            }
+        }
+        if fresh.is_empty() {
+            return Ok(out);
+        }
+        let n = fresh.len() as u64;
+        let first = self
+            .write_meta(inner, |m| {
+                let first = m.next_seq.max(1);
+                m.next_seq = first + n;
+                first
+            })
+            .await?;
+        let stored: Vec<StoredRun> = fresh
+            .into_iter()
+            .zip(first..)
+            .map(|((i, r), seq)| {
+                out[i] = Appended::Stored(seq);
+                StoredRun { seq, ..r }
+            })
+            .collect();
+        let pp = PostParams::default();
+        let mut at = 0;
+        for (first, last, json) in pack_runs(&stored)? {
+            let cm = self.segment_object(first, last, json);
+            // Create, never replace: the reserved range is this writer's alone, so an existing
+            // object means the state changed in a way this replica did not see.
+            self.api.create(&pp, &cm).await.map_err(kube_err)?;
+            let count = stored[at..].iter().take_while(|r| r.seq <= last).count();
+            for r in &stored[at..at + count] {
+                inner.ids.insert(r.report_id.clone());
+            }
+            at += count;
+            inner.segments.insert(cm.metadata.name.unwrap_or_default());
+        }
+        Ok(out)
+    }
+
+    async fn save_plugin(&self, cfg: PluginConfig) -> Result<(), StoreError> {
+        let mut guard = self.inner.lock().await;
+        let inner = self.ready(&mut guard).await?;
+        let mut changed = Vec::new();
+        for (node, vendors) in &cfg.nodes {
+            if inner.nodes.get(node) != Some(vendors) {
+                changed.push(self.node_object(node, cfg.generation, vendors)?);
+            }
+        }
+        let gone: Vec<String> = inner
+            .nodes
+            .keys()
+            .filter(|n| !cfg.nodes.contains_key(*n))
+            .map(|n| format!("{}-node-{}", self.name, node_object_suffix(n)))
+            .collect();
+        self.put_all(changed).await?;
+        let (generation, unified, images) = (
+            cfg.generation,
+            cfg.unified_resource_name.clone(),
+            cfg.images.clone(),
+        );
+        self.write_meta(inner, |m| {
+            m.generation = generation;
+            m.unified_resource_name.clone_from(&unified);
+            m.images.clone_from(&images);
+        })
+        .await?;
+        inner.nodes = cfg.nodes;
+        drop(guard);
+        self.delete_all(gone).await;
+        Ok(())
+    }
+
+    async fn snapshot(&self, model: Vec<u8>, seq: u64) -> Result<(), StoreError> {
+        {
+            let mut guard = self.inner.lock().await;
+            let inner = self.ready(&mut guard).await?;
+            if seq <= inner.meta.model_seq {
+                return Ok(());
+            }
+            if let Some(t) = inner.next_model_write
+                && Instant::now() < t
+            {
+                tracing::debug!(
+                    seq,
+                    bytes = model.len(),
+                    "snapshot skipped to stay within the store's write budget; its runs stay replayable"
+                );
+                return Ok(());
+            }
+        }
+        let text = String::from_utf8(model).map_err(|e| {
+            StoreError::Json(serde_json::Error::io(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                e,
+            )))
+        })?;
+        let chunks: Vec<ConfigMap> = split_utf8(&text, OBJECT_BYTES)
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| self.chunk_object(seq, i as u64, c.to_owned()))
+            .collect();
+        let n = chunks.len() as u32;
+        let names: Vec<String> = chunks
+            .iter()
+            .filter_map(|c| c.metadata.name.clone())
+            .collect();
+        self.put_all(chunks).await?;
+
+        let mut guard = self.inner.lock().await;
+        let inner = self.ready(&mut guard).await?;
+        self.put(&self.ids_object(&inner.ids)?).await?;
+        // Never go back: a replica that lost the leader Lease may still be saving an older
+        // snapshot while the new leader saved a newer one and deleted the runs between them.
+        let newest = self
+            .write_meta(inner, |m| {
+                if m.model_seq >= seq {
+                    return false;
+                }
+                m.model_seq = seq;
+                m.model_chunks = n;
+                true
+            })
+            .await?;
+        if !newest {
+            drop(guard);
+            self.delete_all(names).await;
+            return Ok(());
+        }
+        let budget =
+            Duration::from_secs_f64(text.len() as f64 / self.model_bytes_per_second as f64);
+        inner.next_model_write = Some(Instant::now() + budget);
+        drop(guard);
+        self.delete_obsolete(seq).await;
+        Ok(())
+    }
 }
 
 impl Store for ConfigMapStore {
     fn load(&self) -> BoxFuture<'_, Result<Loaded, StoreError>> {
         Box::pin(async move {
-            let Some(cm) = self.read().await? else {
-                return Ok(Loaded::default());
-            };
-            let d = decode(&cm)?;
-            Ok(Loaded {
-                plugin_config: d.plugin.unwrap_or_default(),
-                model: d.model.map(|m| (m.into_bytes(), d.model_seq)),
-                runs_to_replay: d.runs.into_iter().filter(|r| r.seq > d.model_seq).collect(),
-                known_reports: d.ids.len() as u64,
-            })
+            let mut guard = self.inner.lock().await;
+            let (inner, loaded) = self.load_inner().await?;
+            *guard = Some(inner);
+            Ok(loaded)
         })
     }
 
     fn save_plugin_config(&self, cfg: PluginConfig) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(async move { self.update(|d| d.plugin = Some(cfg.clone())).await })
+        Box::pin(self.save_plugin(cfg))
     }
 
     fn append_run(&self, run: StoredRun) -> BoxFuture<'_, Result<Appended, StoreError>> {
         Box::pin(async move {
-            self.update(|d| {
-                if d.ids.contains(&run.report_id) {
-                    return Appended::Duplicate;
-                }
-                let seq = d.next_seq.max(1);
-                d.next_seq = seq + 1;
-                d.ids.push_back(run.report_id.clone());
-                while d.ids.len() > MAX_REPORT_IDS {
-                    d.ids.pop_front();
-                }
-                d.runs.push(StoredRun { seq, ..run.clone() });
-                Appended::Stored(seq)
-            })
-            .await
+            let mut out = self.append(vec![run]).await?;
+            Ok(out.pop().unwrap_or(Appended::Duplicate))
         })
+    }
+
+    fn append_runs(
+        &self,
+        runs: Vec<StoredRun>,
+    ) -> BoxFuture<'_, Result<Vec<Appended>, StoreError>> {
+        Box::pin(self.append(runs))
     }
 
     fn save_model(
@@ -179,25 +934,55 @@ impl Store for ConfigMapStore {
         model: Vec<u8>,
         applied_seq: u64,
     ) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(async move {
-            let text = String::from_utf8(model).map_err(|e| {
-                StoreError::Json(serde_json::Error::io(std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    e,
-                )))
-            })?;
-            self.update(|d| {
-                // Never go back: a replica that lost the leader Lease may still be saving an
-                // older snapshot while the new leader saved a newer one and pruned the runs
-                // between the two.
-                if d.model_seq > applied_seq {
-                    return;
-                }
-                d.model = Some(text.clone());
-                d.model_seq = applied_seq;
-                d.runs.retain(|r| r.seq > applied_seq);
-            })
-            .await
+        Box::pin(self.snapshot(model, applied_seq))
+    }
+}
+
+/// The first format: everything in `<name>`, read only to convert it.
+mod legacy {
+    use super::*;
+
+    pub(super) struct Data {
+        pub plugin: Option<PluginConfig>,
+        pub model: Option<String>,
+        pub model_seq: u64,
+        pub runs: Vec<StoredRun>,
+        pub ids: Vec<String>,
+        pub next_seq: u64,
+    }
+
+    pub(super) fn is_legacy(cm: &ConfigMap) -> bool {
+        cm.data.as_ref().is_some_and(|d| {
+            !d.contains_key(KEY_STATE)
+                && ["plugin-config.json", "model.json", "runs.json", "next-seq"]
+                    .iter()
+                    .any(|k| d.contains_key(*k))
+        })
+    }
+
+    pub(super) fn decode(cm: &ConfigMap) -> Result<Data, StoreError> {
+        let get = |k: &str| data(cm, k);
+        Ok(Data {
+            plugin: get("plugin-config.json")
+                .map(serde_json::from_str)
+                .transpose()?,
+            model: get("model.json").map(str::to_owned),
+            model_seq: get("model-seq")
+                .map(serde_json::from_str)
+                .transpose()?
+                .unwrap_or(0),
+            runs: get("runs.json")
+                .map(serde_json::from_str)
+                .transpose()?
+                .unwrap_or_default(),
+            ids: get("report-ids.json")
+                .map(serde_json::from_str)
+                .transpose()?
+                .unwrap_or_default(),
+            next_seq: get("next-seq")
+                .map(serde_json::from_str)
+                .transpose()?
+                .unwrap_or(1),
         })
     }
 }
@@ -205,102 +990,38 @@ impl Store for ConfigMapStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::RunOutcome;
-    use std::sync::{Arc, Mutex};
 
-    /// A fake API server holding one ConfigMap with resourceVersion checks; the first replace
-    /// conflicts, as when another replica wrote in between.
-    fn api() -> (kube::Client, Arc<Mutex<Option<serde_json::Value>>>) {
-        let cm: Arc<Mutex<Option<serde_json::Value>>> = Arc::default();
-        let conflicts = Arc::new(Mutex::new(1u32));
-        let state = cm.clone();
-        let (client, _) = crate::fake_api::client(Arc::new(move |method, path, body| {
-            let base = "/api/v1/namespaces/ns/configmaps";
-            let mut cur = state.lock().unwrap();
-            match (method.as_str(), path) {
-                ("GET", p) if p == format!("{base}/st") => match cur.as_ref() {
-                    Some(v) => (200, v.clone()),
-                    None => (404, crate::fake_api::status(404, "NotFound")),
-                },
-                ("POST", p) if p == base => {
-                    let mut v = body.clone();
-                    v["metadata"]["resourceVersion"] = "1".into();
-                    *cur = Some(v.clone());
-                    (201, v)
-                }
-                ("PUT", p) if p == format!("{base}/st") => {
-                    let mut left = conflicts.lock().unwrap();
-                    let rv = cur
-                        .as_ref()
-                        .and_then(|c| c["metadata"]["resourceVersion"].as_str().map(str::to_owned));
-                    if *left > 0 || body["metadata"]["resourceVersion"].as_str() != rv.as_deref() {
-                        *left = (*left).saturating_sub(1);
-                        return (409, crate::fake_api::status(409, "Conflict"));
-                    }
-                    let mut v = body.clone();
-                    let next = rv.and_then(|r| r.parse::<u64>().ok()).unwrap_or(0) + 1;
-                    v["metadata"]["resourceVersion"] = next.to_string().into();
-                    *cur = Some(v.clone());
-                    (200, v)
-                }
-                other => panic!("unexpected {other:?}"),
-            }
-        }));
-        (client, cm)
+    #[test]
+    fn utf8_is_split_at_character_boundaries_within_the_limit() {
+        let s = "aé".repeat(1000);
+        let parts = split_utf8(&s, 7);
+        assert!(parts.iter().all(|p| p.len() <= 7 && !p.is_empty()));
+        assert_eq!(parts.concat(), s);
+        assert!(split_utf8("", 7).is_empty());
     }
 
-    fn run(id: &str) -> StoredRun {
-        StoredRun {
-            seq: 0,
-            report_id: id.into(),
-            run_id: id.into(),
-            node: "n1".into(),
-            pod_namespace: "d".into(),
-            pod_name: "p".into(),
-            class: "c".into(),
-            device_ids: vec![],
-            outcome: RunOutcome::Completed,
-            start: 1.0,
-            end: 2.0,
-            gpu_busy_seconds: 1.0,
-            progress: None,
-            work_done: None,
-            profile: None,
-            received_at: 3.0,
-        }
-    }
-
-    #[tokio::test]
-    async fn appends_dedup_survive_conflicts_and_snapshots_prune() {
-        let (client, cm) = api();
-        let s = ConfigMapStore::new(client, "ns", "st");
-        assert_eq!(s.load().await.unwrap().runs_to_replay.len(), 0);
-        assert_eq!(s.append_run(run("a")).await.unwrap(), Appended::Stored(1));
-        assert_eq!(
-            s.append_run(run("b")).await.unwrap(),
-            Appended::Stored(2),
-            "retried after a conflict"
-        );
-        assert_eq!(s.append_run(run("a")).await.unwrap(), Appended::Duplicate);
-        s.save_model(b"{\"m\":1}".to_vec(), 1).await.unwrap();
-        let cfg = PluginConfig {
-            generation: 3,
-            ..Default::default()
-        };
-        s.save_plugin_config(cfg).await.unwrap();
-        let l = s.load().await.unwrap();
-        assert_eq!(l.plugin_config.generation, 3);
-        assert_eq!(l.model, Some((b"{\"m\":1}".to_vec(), 1)));
-        assert_eq!(
-            l.runs_to_replay.iter().map(|r| r.seq).collect::<Vec<_>>(),
-            vec![2]
-        );
-        assert_eq!(l.known_reports, 2);
+    #[test]
+    fn runs_are_packed_in_order_under_the_object_limit() {
+        let runs: Vec<StoredRun> = (1..=4000)
+            .map(|seq| StoredRun {
+                seq,
+                report_id: format!("report-{seq}-{}", "x".repeat(200)),
+                ..crate::store::tests::run("r")
+            })
+            .collect();
+        let packed = pack_runs(&runs).unwrap();
         assert!(
-            cm.lock().unwrap().as_ref().unwrap()["data"]["runs.json"]
-                .as_str()
-                .unwrap()
-                .contains("\"b\"")
+            packed.len() > 1,
+            "4,000 runs of ~500 bytes need several objects"
         );
+        let mut next = 1;
+        for (first, last, json) in &packed {
+            assert!(json.len() <= OBJECT_BYTES);
+            let back: Vec<StoredRun> = serde_json::from_str(json).unwrap();
+            assert_eq!((back[0].seq, back[back.len() - 1].seq), (*first, *last));
+            assert_eq!(*first, next);
+            next = last + 1;
+        }
+        assert_eq!(next, 4001);
     }
 }

@@ -24,7 +24,8 @@ pub struct UninstallArgs {
     /// Namespace of the plugin DaemonSets and of the state ConfigMap.
     #[arg(long, env = "POD_NAMESPACE", default_value = "kudos-system")]
     pub namespace: String,
-    /// Also delete this state ConfigMap (the learned model and plugin configuration are lost).
+    /// Also delete the state named NAME: its ConfigMap and those labelled kudos.dev/store=NAME
+    /// (the learned model and plugin configuration are lost).
     #[arg(long, value_name = "NAME")]
     pub delete_state_configmap: Option<String>,
     /// How long to wait for the plugin DaemonSets to be gone (e.g. 90s, 2m).
@@ -100,7 +101,15 @@ pub async fn run(client: &kube::Client, args: &UninstallArgs) -> anyhow::Result<
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(e).with_context(|| format!("deleting ConfigMap {name}")),
         }
-        tracing::info!(configmap = %name, deleted = removed.state, "state ConfigMap");
+        // The rest of the state: ConfigMaps labelled with the store's name.
+        let parts = ListParams::default().labels(&format!("kudos.dev/store={name}"));
+        let gone = cms
+            .delete_collection(&DeleteParams::default(), &parts)
+            .await
+            .with_context(|| format!("deleting the ConfigMaps labelled kudos.dev/store={name}"))?;
+        let parts = gone.left().map_or(0, |l| l.items.len());
+        removed.state |= parts > 0;
+        tracing::info!(configmap = %name, parts, deleted = removed.state, "state ConfigMaps");
     }
     Ok(removed)
 }

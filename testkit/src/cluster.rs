@@ -144,6 +144,9 @@ pub struct ControlPlane {
     pub client: Client,
     /// The run directory (logs, certificates, data).
     pub dir: PathBuf,
+    /// etcd's client address, `127.0.0.1:<port>` (its `/metrics` too: a test can read the
+    /// database size).
+    pub etcd_addr: String,
     env: Vec<(String, String)>,
 }
 
@@ -318,6 +321,7 @@ impl ControlPlane {
             kubeconfig,
             client,
             dir: dir.clone(),
+            etcd_addr: format!("127.0.0.1:{ec}"),
             env: opts.env.clone(),
         };
         // Fails as soon as the apiserver exits (a bad flag, a busy port), not after the timeout.

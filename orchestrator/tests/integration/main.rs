@@ -11,4 +11,5 @@ mod failover;
 mod kubectl_state;
 mod process;
 mod rollout_e2e;
+mod store_configmap;
 mod token_review;

@@ -175,6 +175,19 @@ async fn plugin_report_leads_to_derived_image_and_applied_daemonset() -> anyhow:
         serde_json::json!({"metadata": {"name": "kudos-orchestrator-state"}}),
     )?;
     cms.create(&PostParams::default(), &state_cm).await?;
+    // The state's other objects carry its name as a label; an unrelated ConfigMap stays.
+    for (name, labels) in [
+        (
+            "kudos-orchestrator-state-runs-1",
+            serde_json::json!({"kudos.dev/store": "kudos-orchestrator-state"}),
+        ),
+        ("someone-elses", serde_json::json!({"app": "other"})),
+    ] {
+        let cm = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": name, "labels": labels}}),
+        )?;
+        cms.create(&PostParams::default(), &cm).await?;
+    }
     for _ in 0..2 {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_kudos-orchestrator"))
             .arg("uninstall")
@@ -201,6 +214,12 @@ async fn plugin_report_leads_to_derived_image_and_applied_daemonset() -> anyhow:
     assert_eq!(labels.get("kudos.dev/plugin-group"), None);
     assert_eq!(labels.get("keep").map(String::as_str), Some("me"));
     assert!(cms.get_opt("kudos-orchestrator-state").await?.is_none());
+    assert!(
+        cms.get_opt("kudos-orchestrator-state-runs-1")
+            .await?
+            .is_none()
+    );
+    assert!(cms.get_opt("someone-elses").await?.is_some());
     run.pass();
     Ok(())
 }
