@@ -121,6 +121,8 @@ pub struct Metrics {
     pub learn_batch_duration: Histogram,
     /// Runs learned from, in batches.
     pub learned_runs: Counter,
+    /// Copies of the model published to the extender (at most one per `learn::PUBLISH_EVERY`).
+    pub model_publishes: Counter,
 }
 
 impl Default for Metrics {
@@ -258,6 +260,12 @@ impl Metrics {
             "Accepted runs the model learned from",
             learned_runs.clone(),
         );
+        let model_publishes = Counter::default();
+        registry.register(
+            "model_publishes",
+            "Copies of the learned model published to the extender (runs arriving close together share one)",
+            model_publishes.clone(),
+        );
         Self {
             registry,
             bind_refused,
@@ -271,6 +279,7 @@ impl Metrics {
             index_stalled_seconds,
             learn_batch_duration,
             learned_runs,
+            model_publishes,
             extender_duration,
             extender_requests,
             grpc,

@@ -147,3 +147,30 @@ async fn the_extender_answers_while_a_refit_is_in_progress() {
     wait_learned(&index, 1).await;
     assert_eq!(index.read().scheduler().state().runs(), 1);
 }
+
+/// Copying the model costs as much as the model is big, so runs arriving close together are
+/// published together: 200 runs 5 ms apart (each learned on its own) are published in a few
+/// copies, not 200, and the last run is in the published model soon after.
+#[tokio::test]
+async fn a_burst_of_runs_is_published_in_few_copies() {
+    let index = standard_index();
+    let metrics = Arc::new(Metrics::new());
+    let learner = Learner::spawn(index.clone(), metrics.clone(), None);
+    let profile = index.read().profile("gpu-a");
+    let started = tokio::time::Instant::now();
+    for seq in 1..=200 {
+        learner
+            .learn(stored_run(seq, "gpu-a", profile.clone()))
+            .await;
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    wait_learned(&index, 200).await;
+    let publishes = metrics.model_publishes.get();
+    let bound = 2 + (started.elapsed().as_secs_f64() / 0.5).ceil() as u64;
+    assert!(
+        (1..=bound).contains(&publishes),
+        "{publishes} copies for 200 runs in {:?} (at most {bound})",
+        started.elapsed()
+    );
+    assert_eq!(metrics.learned_runs.get(), 200);
+}

@@ -63,6 +63,11 @@ fn main() {
         }
     }
     let learn = started.elapsed();
+    // The orchestrator's learner publishes a copy after each batch.
+    let t = Instant::now();
+    let copy = s.clone();
+    let clone = t.elapsed();
+    drop(copy);
     let t = Instant::now();
     let json = serde_json::to_vec(s.state()).expect("serialise");
     let ser = t.elapsed();
@@ -71,13 +76,16 @@ fn main() {
     let de = t.elapsed();
     println!(
         "nodes {nodes}, classes {classes}, runs {runs}: {} classes and {} (class, node) cells kept \
-         (max {}); snapshot {:.1} MB; RSS {:.0} MiB; learning {:.1} s; serialise {:.2} s, read back {:.2} s",
+         (max {}); snapshot {:.1} MB; RSS {:.0} MiB; learning {:.1} s ({:.2} ms per run); \
+         copy {:.1} ms; serialise {:.2} s, read back {:.2} s",
         back.classes().count(),
         back.node_cells(),
         SchedulerConfig::default().max_node_cells,
         json.len() as f64 / 1e6,
         rss_mib(),
         learn.as_secs_f64(),
+        learn.as_secs_f64() * 1e3 / runs.max(1) as f64,
+        clone.as_secs_f64() * 1e3,
         ser.as_secs_f64(),
         de.as_secs_f64(),
     );
