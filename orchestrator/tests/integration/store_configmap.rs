@@ -181,6 +181,22 @@ async fn configmap_store_converts_dedups_shards_and_serves_two_replicas() -> any
             "{id} is remembered"
         );
     }
+
+    // A snapshot of the size the bounded model reaches (13.5 MB for 5,000 nodes x 1,000
+    // classes, `cargo run --release -p kudos-scheduler-core --example state_size`).
+    let large = format!("{{\"pad\":\"{}\"}}", "m".repeat(13_500_000));
+    store.save_model(large.clone().into_bytes(), 100).await?;
+    let t = Instant::now();
+    let l = ConfigMapStore::new(cp.client.clone(), NS, NAME)
+        .load()
+        .await?;
+    eprintln!(
+        "RESULT a fresh replica read a {:.1} MB snapshot in {} objects in {:.2} s",
+        large.len() as f64 / 1e6,
+        objects(&api, "model").await?.len(),
+        t.elapsed().as_secs_f64()
+    );
+    assert_eq!(l.model, Some((large.into_bytes(), 100)));
     run_dir.pass();
     Ok(())
 }
