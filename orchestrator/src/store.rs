@@ -17,6 +17,10 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use std::path::Path;
 use std::sync::Arc;
 
+/// Report IDs kept once their runs are in a snapshot, in either store (agents re-send only
+/// unacknowledged, recent reports): a report re-sent after 5,000 newer ones is learned again.
+pub const MAX_REPORT_IDS: usize = 5_000;
+
 /// Store errors.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -218,6 +222,48 @@ impl FileStore {
         Ok(())
     }
 
+    /// Saves the snapshot and, in the same commit, forgets the runs it includes except the
+    /// last [`MAX_REPORT_IDS`], with their report IDs (kept for de-duplication): the file then
+    /// holds at most that many runs besides those since the snapshot, however long it runs.
+    fn snapshot_sync(&self, model: Vec<u8>, applied_seq: u64) -> Result<(), StoreError> {
+        #[derive(serde::Deserialize)]
+        struct ReportId {
+            #[serde(rename = "reportId")]
+            report_id: String,
+        }
+        let txn = self.db.begin_write().map_err(redb::Error::from)?;
+        {
+            let mut meta = txn.open_table(META).map_err(redb::Error::from)?;
+            meta.insert(KEY_MODEL, model.as_slice())
+                .map_err(redb::Error::from)?;
+            meta.insert(KEY_MODEL_SEQ, serde_json::to_vec(&applied_seq)?.as_slice())
+                .map_err(redb::Error::from)?;
+            let cutoff = applied_seq.saturating_sub(MAX_REPORT_IDS as u64);
+            let mut runs = txn.open_table(RUNS).map_err(redb::Error::from)?;
+            let mut ids = txn.open_table(REPORT_IDS).map_err(redb::Error::from)?;
+            loop {
+                let id = match runs.first().map_err(redb::Error::from)? {
+                    Some((k, v)) if k.value() <= cutoff => {
+                        match serde_json::from_slice::<ReportId>(v.value()) {
+                            Ok(r) => Some(r.report_id),
+                            Err(e) => {
+                                tracing::warn!(seq = k.value(), error = %e, "a stored run has no readable report ID; its ID stays known");
+                                None
+                            }
+                        }
+                    }
+                    _ => break,
+                };
+                runs.pop_first().map_err(redb::Error::from)?;
+                if let Some(id) = id {
+                    ids.remove(id.as_str()).map_err(redb::Error::from)?;
+                }
+            }
+        }
+        txn.commit().map_err(redb::Error::from)?;
+        Ok(())
+    }
+
     /// Appends `runs` in one transaction (one fsync); a report ID seen before, or earlier in
     /// the same batch, is a duplicate.
     fn append_sync(&self, runs: Vec<StoredRun>) -> Result<Vec<Appended>, StoreError> {
@@ -317,11 +363,7 @@ impl Store for FileStore {
         model: Vec<u8>,
         applied_seq: u64,
     ) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(async move {
-            let seq = serde_json::to_vec(&applied_seq)?;
-            self.blocking(move |s| s.put_meta(&[(KEY_MODEL, model), (KEY_MODEL_SEQ, seq)]))
-                .await
-        })
+        Box::pin(self.blocking(move |s| s.snapshot_sync(model, applied_seq)))
     }
 }
 
@@ -375,6 +417,36 @@ pub(crate) mod tests {
         assert_eq!(l.runs_to_replay[0].report_id, "b");
         assert_eq!(l.known_reports, 2);
         assert_eq!(s.append_run(run("b")).await.unwrap(), Appended::Duplicate);
+    }
+
+    /// A long run keeps the file bounded: a snapshot forgets the runs it includes but the last
+    /// 5,000, whose IDs still de-duplicate, and nothing is lost across a reopen.
+    #[tokio::test]
+    async fn snapshots_bound_the_runs_and_report_ids_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let n = MAX_REPORT_IDS as u64 + 3_000;
+        {
+            let s = FileStore::open(&path).unwrap();
+            let runs = (1..=n).map(|i| run(&format!("id-{i}"))).collect();
+            s.append_runs(runs).await.unwrap();
+            s.save_model(b"{}".to_vec(), n - 10).await.unwrap();
+        }
+        let s = FileStore::open(&path).unwrap();
+        let l = s.load().await.unwrap();
+        assert_eq!(l.known_reports, MAX_REPORT_IDS as u64 + 10);
+        assert_eq!(l.runs_to_replay.len(), 10);
+        assert_eq!(l.runs_to_replay[0].seq, n - 9);
+        let recent = format!("id-{}", n - 10 - MAX_REPORT_IDS as u64 + 1);
+        assert_eq!(
+            s.append_run(run(&recent)).await.unwrap(),
+            Appended::Duplicate
+        );
+        assert_eq!(
+            s.append_run(run("id-1")).await.unwrap(),
+            Appended::Stored(n + 1),
+            "an ID older than the last 5,000 is forgotten, and seqs continue"
+        );
     }
 
     fn recoveries(m: &Metrics, reason: &'static str) -> u64 {

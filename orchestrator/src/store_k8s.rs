@@ -39,9 +39,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-/// Report IDs kept once their runs are folded into a snapshot (agents re-send only
-/// unacknowledged, recent reports).
-pub const MAX_REPORT_IDS: usize = 5_000;
+pub use crate::store::MAX_REPORT_IDS;
 /// Report IDs remembered in memory (those of runs not yet in a snapshot, then the most recent).
 const MAX_IDS_IN_MEMORY: usize = 200_000;
 /// Data bytes per object at most: under the API server's 1 MiB limit, with room for metadata.
