@@ -10,8 +10,9 @@
 //!   stored runs to the learner in `seq` order.
 //! - [`Learner`]: one task owns a working copy of the model. It learns a batch of runs on a
 //!   blocking thread (scheduler-core refits on every observation), copies the result and
-//!   publishes it with [`crate::index::Index::publish_model`], a pointer swap, at most every
-//!   [`PUBLISH_EVERY`] (runs arriving closer together are published together). No lock is held
+//!   publishes it with [`crate::index::Index::publish_model`], a pointer swap; while runs keep
+//!   arriving, copies are spaced by [`publish_gap`] (ten times the last copy's cost, at most
+//!   [`PUBLISH_EVERY`]), so copying a large model never dominates. No lock is held
 //!   while it learns, so `filter`/`prioritize` keep answering from the previous model, and
 //!   the work per report on the ingestion path is one channel send.
 //!
@@ -133,11 +134,19 @@ impl Learner {
     }
 }
 
-/// Shortest time between two published copies of the model. Copying is proportional to the
-/// model (32 ms for 30,000 (class, node) cells), so under a steady trickle of reports a copy per
-/// batch would cost more than the learning; runs that arrive within this are published together.
-/// After a quiet spell the first batch is published at once.
+/// Longest time a learned run waits to be published while others keep arriving.
 pub const PUBLISH_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+/// A copy of the model costs as much as the model is big (32 ms for 30,000 (class, node)
+/// cells), so under a steady trickle of reports a copy per batch would cost more than the
+/// learning. After a copy that took `c`, the next waits until `COPY_SHARE × c` has passed (at most
+/// [`PUBLISH_EVERY`]): copying then takes at most about a tenth of the learner's time, and a small
+/// model is still published after every batch.
+pub const COPY_SHARE: u32 = 10;
+
+/// How long after a publish the next may be, given what the last copy cost.
+pub fn publish_gap(last_copy: std::time::Duration) -> std::time::Duration {
+    (last_copy * COPY_SHARE).min(PUBLISH_EVERY)
+}
 
 /// What was learned but not yet published: the highest `seq`, and each class's latest third
 /// queue.
@@ -157,13 +166,14 @@ async fn learn_loop(
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut pending = Unpublished::default();
     let mut last_publish: Option<tokio::time::Instant> = None;
+    let mut last_copy = std::time::Duration::ZERO;
     loop {
         let received = match (pending.seq, last_publish) {
             // Something waits to be published: take more runs until it is due.
             (Some(_), Some(at)) => tokio::select! {
                 n = rx.recv_many(&mut batch, MAX_BATCH) => n,
-                () = tokio::time::sleep_until(at + PUBLISH_EVERY) => {
-                    working = publish(&index, working, &mut pending, &mut last_publish, &metrics).await;
+                () = tokio::time::sleep_until(at + publish_gap(last_copy)) => {
+                    (working, last_copy) = publish(&index, working, &mut pending, &mut last_publish, &metrics).await;
                     continue;
                 }
             },
@@ -209,9 +219,9 @@ async fn learn_loop(
                     pending.third.retain(|(c, _, _)| *c != t.0);
                     pending.third.push(t);
                 }
-                let due = last_publish.is_none_or(|at| at.elapsed() >= PUBLISH_EVERY);
+                let due = last_publish.is_none_or(|at| at.elapsed() >= publish_gap(last_copy));
                 if due {
-                    working =
+                    (working, last_copy) =
                         publish(&index, working, &mut pending, &mut last_publish, &metrics).await;
                 }
             }
@@ -230,28 +240,32 @@ async fn learn_loop(
 }
 
 /// Publishes a copy of `working` with what `pending` holds (copied on a blocking thread; the
-/// index lock is held only to swap the pointer). Returns the working copy.
+/// index lock is held only to swap the pointer). Returns the working copy and what copying took.
 async fn publish(
     index: &SharedIndex,
     working: Scheduler,
     pending: &mut Unpublished,
     last_publish: &mut Option<tokio::time::Instant>,
     metrics: &Metrics,
-) -> Scheduler {
+) -> (Scheduler, std::time::Duration) {
     let Some(seq) = pending.seq.take() else {
-        return working;
+        return (working, std::time::Duration::ZERO);
     };
     let copied = tokio::task::spawn_blocking(move || {
+        let start = std::time::Instant::now();
         let published = Arc::new(working.clone());
-        (working, published)
+        (working, published, start.elapsed())
     })
     .await;
-    let (working, published) = match copied {
-        Ok(pair) => pair,
+    let (working, published, took) = match copied {
+        Ok(done) => done,
         Err(e) => {
             tracing::error!(error = %e, "copying the model failed; restarting from the published model");
             pending.third.clear();
-            return Scheduler::clone(&index.read().model());
+            return (
+                Scheduler::clone(&index.read().model()),
+                std::time::Duration::ZERO,
+            );
         }
     };
     let mut i = index.write();
@@ -261,7 +275,7 @@ async fn publish(
     }
     *last_publish = Some(tokio::time::Instant::now());
     metrics.model_publishes.inc();
-    working
+    (working, took)
 }
 
 fn log_feedback(run: &StoredRun, fb: Result<Option<Feedback>, String>) {
