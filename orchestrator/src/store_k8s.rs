@@ -434,11 +434,9 @@ impl ConfigMapStore {
             Some(s) => serde_json::from_str(s)?,
             None => Meta::default(),
         };
-        let parts = if meta_cm.is_some() {
-            self.list_parts().await?
-        } else {
-            Vec::new()
-        };
+        // Listed even without `<name>`: if only it was deleted, the runs still stored are
+        // replayed and their seqs are not reused.
+        let parts = self.list_parts().await?;
 
         let mut nodes = BTreeMap::new();
         let mut generation = meta.generation;
@@ -771,7 +769,9 @@ impl ConfigMapStore {
         let n = fresh.len() as u64;
         let first = self
             .write_meta(inner, |m| {
-                let first = m.next_seq.max(1);
+                // Above any snapshot's seq, whatever the counter says: a run at or below it
+                // would count as already learned.
+                let first = m.next_seq.max(m.model_seq + 1);
                 m.next_seq = first + n;
                 first
             })
@@ -829,7 +829,7 @@ impl ConfigMapStore {
         })
         .await?;
         inner.nodes = cfg.nodes;
-        drop(guard);
+        // Under the lock: a later save that brings a node back must not have its object deleted.
         self.delete_all(gone).await;
         Ok(())
     }

@@ -197,6 +197,17 @@ async fn configmap_store_converts_dedups_shards_and_serves_two_replicas() -> any
         t.elapsed().as_secs_f64()
     );
     assert_eq!(l.model, Some((large.into_bytes(), 100)));
+
+    // Only `<name>` deleted by hand: the runs and node reports still stored load, and new
+    // runs do not reuse their seqs.
+    assert_eq!(store.append_run(run("w", 0)).await?, Appended::Stored(101));
+    api.delete(NAME, &Default::default()).await?;
+    let after = ConfigMapStore::new(cp.client.clone(), NS, NAME);
+    let l = after.load().await?;
+    assert_eq!(l.plugin_config.nodes.len(), 2);
+    let replay: Vec<u64> = l.runs_to_replay.iter().map(|r| r.seq).collect();
+    assert_eq!(replay, vec![101]);
+    assert_eq!(after.append_run(run("v", 0)).await?, Appended::Stored(102));
     run_dir.pass();
     Ok(())
 }
