@@ -1,11 +1,11 @@
 //! Scenario 3: `kudos-orchestrator` against the real API server: node inventory follows the
 //! Node watch (create, status change, pod placement, delete); plugin reports are authorised
-//! per node and rewritten to the unified name; the state store lives in a ConfigMap and
+//! per node and rewritten to the unified name; the state store lives in ConfigMaps and
 //! survives an orchestrator restart. (Server-side apply of the rendered DaemonSets against
 //! the same kube-apiserver is tested by `rollout/tests/apiserver.rs`.)
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kudos_e2e::nodes::{create_nodes, uniform_shapes};
 use kudos_e2e::orchestrator::Orchestrator;
 use kudos_e2e::paths::{kudos_bin, upstream_bin};
@@ -135,26 +135,28 @@ async fn orchestrator_inventory_registry_and_configmap_store() -> anyhow::Result
     .await;
     assert!(denied.is_err(), "a caller without a valid token is refused");
 
-    // The state store is a ConfigMap in the cluster ...
+    // The state store is ConfigMaps in the cluster: `<name>` and one object per node's plugin
+    // report, labelled with the store's name ...
     let cms: Api<ConfigMap> = Api::namespaced(cp.client.clone(), "kudos-system");
-    let cm = wait_for(
-        "state ConfigMap mentions node-t4-0",
+    let parts = ListParams::default().labels("kudos.dev/store=kudos-orchestrator-state");
+    wait_for(
+        "a state ConfigMap holds node-t4-0's plugin report",
         Duration::from_secs(30),
         Duration::from_millis(200),
         async || {
-            let cm = cms
-                .get_opt("kudos-orchestrator-state")
-                .await
-                .ok()
-                .flatten()?;
-            serde_json::to_string(&cm.data)
-                .ok()?
-                .contains("node-t4-0")
-                .then_some(cm)
+            let list = cms.list(&parts).await.ok()?;
+            list.items
+                .iter()
+                .any(|cm| {
+                    serde_json::to_string(&cm.data)
+                        .is_ok_and(|d| d.contains("node-t4-0") && d.contains("nvidia.com/gpu"))
+                })
+                .then_some(())
         },
     )
     .await?;
-    assert!(cm.metadata.resource_version.is_some());
+    let meta = cms.get("kudos-orchestrator-state").await?;
+    assert!(meta.metadata.resource_version.is_some());
 
     // ... so a fresh orchestrator (no local file) recovers the plugin configuration.
     orch.stop();
