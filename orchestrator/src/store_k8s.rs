@@ -350,13 +350,7 @@ impl ConfigMapStore {
             let mut meta = inner.meta.clone();
             meta.format = FORMAT;
             let out = change(&mut meta);
-            let mut cm = self.object(
-                self.name.clone(),
-                "state",
-                KEY_STATE,
-                serde_json::to_string(&meta)?,
-                &[],
-            );
+            let mut cm = self.state_object(&meta)?;
             cm.metadata.resource_version = inner.rv.clone();
             let r = match &inner.rv {
                 Some(_) => self.api.replace(&self.name, &pp, &cm).await,
@@ -615,19 +609,24 @@ impl ConfigMapStore {
             unified_resource_name: plugin.unified_resource_name,
             images: plugin.images,
         };
-        let mut new = self.object(
-            self.name.clone(),
-            "state",
-            KEY_STATE,
-            serde_json::to_string(&meta)?,
-            &[],
-        );
+        let mut new = self.state_object(&meta)?;
         new.metadata.resource_version = cm.metadata.resource_version.clone();
         self.api
             .replace(&self.name, &PostParams::default(), &new)
             .await
             .map_err(kube_err)?;
         Ok(())
+    }
+
+    /// `<name>` holding `meta`.
+    fn state_object(&self, meta: &Meta) -> Result<ConfigMap, StoreError> {
+        Ok(self.object(
+            self.name.clone(),
+            "state",
+            KEY_STATE,
+            serde_json::to_string(meta)?,
+            &[],
+        ))
     }
 
     fn node_object(
