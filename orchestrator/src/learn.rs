@@ -156,6 +156,17 @@ struct Unpublished {
     third: Vec<(String, f64, Feedback)>,
 }
 
+impl Unpublished {
+    /// Records a learned run's `seq` and third queue (replacing its class's earlier one).
+    fn learned(&mut self, seq: u64, class: &str, third: Option<(f64, Feedback)>) {
+        self.seq = Some(self.seq.map_or(seq, |s| s.max(seq)));
+        if let Some((at, fb)) = third {
+            self.third.retain(|(c, _, _)| c != class);
+            self.third.push((class.to_owned(), at, fb));
+        }
+    }
+}
+
 async fn learn_loop(
     index: SharedIndex,
     mut rx: mpsc::Receiver<StoredRun>,
@@ -185,20 +196,22 @@ async fn learn_loop(
         let runs = std::mem::take(&mut batch);
         let hook = hook.clone();
         let metrics2 = metrics.clone();
+        let mut unpublished = std::mem::take(&mut pending);
         let learned = tokio::task::spawn_blocking(move || {
             let start = std::time::Instant::now();
-            let seq = runs.iter().map(|r| r.seq).max().unwrap_or(0);
-            // Each class's latest third queue in this batch, published with the model.
-            let mut third: Vec<(String, f64, Feedback)> = Vec::new();
             for run in &runs {
                 let fb = apply_run(&mut working, run);
-                if let Ok(Some(fb)) = &fb {
-                    metrics2
-                        .feedback_rescored_nodes
-                        .inc_by(fb.third_queue.len() as u64);
-                    third.retain(|(c, _, _)| *c != run.class);
-                    third.push((run.class.clone(), run.received_at, fb.clone()));
-                }
+                // Each class's latest third queue is published with the model.
+                let third = match &fb {
+                    Ok(Some(fb)) => {
+                        metrics2
+                            .feedback_rescored_nodes
+                            .inc_by(fb.third_queue.len() as u64);
+                        Some((run.received_at, fb.clone()))
+                    }
+                    _ => None,
+                };
+                unpublished.learned(run.seq, &run.class, third);
                 log_feedback(run, fb);
             }
             if let Some(h) = &hook {
@@ -208,17 +221,12 @@ async fn learn_loop(
             metrics2
                 .learn_batch_duration
                 .observe(start.elapsed().as_secs_f64());
-            (working, seq, third)
+            (working, unpublished)
         })
         .await;
         match learned {
-            Ok((w, seq, third)) => {
-                working = w;
-                pending.seq = Some(pending.seq.unwrap_or(0).max(seq));
-                for t in third {
-                    pending.third.retain(|(c, _, _)| *c != t.0);
-                    pending.third.push(t);
-                }
+            Ok((w, unpublished)) => {
+                (working, pending) = (w, unpublished);
                 let due = last_publish.is_none_or(|at| at.elapsed() >= publish_gap(last_copy));
                 if due {
                     (working, last_copy) =
@@ -230,7 +238,6 @@ async fn learn_loop(
                 // what was learned since it is replayed at the next start.
                 tracing::error!(error = %e, "learning a batch failed; restarting from the published model");
                 working = Scheduler::clone(&index.read().model());
-                pending = Unpublished::default();
             }
         }
     }
