@@ -380,11 +380,11 @@ impl ModelState {
 
     /// When there are more than `keep` (class, node) cells, forgets the least recently
     /// observed until an eighth of `keep` is free, so the scan over all cells happens once per
-    /// `keep / 8` new cells. Returns how many were forgotten.
-    pub(crate) fn evict_node_cells_beyond(&mut self, keep: usize) -> usize {
+    /// `keep / 8` new cells.
+    pub(crate) fn evict_node_cells_beyond(&mut self, keep: usize) {
         let total = self.node_cells();
         if total <= keep {
-            return 0;
+            return;
         }
         let remove = total - (keep - keep / 8);
         let mut times: Vec<f64> = self
@@ -410,7 +410,6 @@ impl ModelState {
                 true
             });
         }
-        remove
     }
 
     /// Runs observed in total.
