@@ -239,17 +239,9 @@ async fn a_hundred_thousand_reports_leave_etcd_flat() -> anyhow::Result<()> {
     let cp = ControlPlane::start(&run_dir, opts).await?;
     let store = ConfigMapStore::new(cp.client.clone(), NS, NAME).with_snapshot_budget(u64::MAX);
     store.load().await?;
-    store
-        .save_plugin_config(plugin(
-            &(0..50)
-                .map(|i| (format!("gpu-node-{i}"), "V100"))
-                .collect::<Vec<_>>()
-                .iter()
-                .map(|(n, m)| (n.as_str(), *m))
-                .collect::<Vec<_>>(),
-            1,
-        ))
-        .await?;
+    let names: Vec<String> = (0..50).map(|i| format!("gpu-node-{i}")).collect();
+    let nodes: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "V100")).collect();
+    store.save_plugin_config(plugin(&nodes, 1)).await?;
     let model = format!("{{\"pad\":\"{}\"}}", "m".repeat(1_500_000));
     let started = Instant::now();
     let mut sizes = Vec::new();
