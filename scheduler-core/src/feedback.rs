@@ -283,7 +283,9 @@ pub fn observe_run(
             }
         }
     }
-    // A replaced snapshot's node is re-judged from its window below, never counted twice.
+    // A replaced snapshot's node is re-judged from its window below, never counted twice;
+    // and a run is one run however many snapshots of it arrive.
+    let first_report = previous.is_none();
     let replaced_node = previous.map(|e| e.node);
 
     let window = config.history_window;
@@ -329,7 +331,9 @@ pub fn observe_run(
         };
     }
     cell.window.push(obs, window);
-    state.runs += 1;
+    if first_report {
+        state.runs += 1;
+    }
     state.refit(config, Some(&class_key));
 
     let factor = config.threshold_factor_for(&run.class);

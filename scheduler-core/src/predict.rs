@@ -412,7 +412,8 @@ impl ModelState {
         }
     }
 
-    /// Runs observed in total.
+    /// Runs learned in total: a run counts once, however many snapshots of it replaced each
+    /// other (an unkeyed report is a run of its own).
     pub fn runs(&self) -> u64 {
         self.runs
     }

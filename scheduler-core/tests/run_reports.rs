@@ -56,8 +56,9 @@ fn snapshots_of_one_run_count_once_and_learn_per_unit_time() {
             assert_eq!(fb.actual_seconds, 36_000.0);
         }
     }
-    // Reviews come from one run, not sixty.
+    // Reviews come from one run, not sixty, and the model counts one run learned.
     assert_eq!(s.state().tracked_runs(), 1);
+    assert_eq!(s.state().runs(), 1);
 }
 
 /// The old failure: work done so far was read as the whole run's work and the time also
