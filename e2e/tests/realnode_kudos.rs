@@ -274,6 +274,11 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
     )
     .await
     .with_context(|| format!("/state: {:?}", state().map(|s| s["model"].clone())))?;
+    if runs != JOBS as u64 {
+        for line in scenario::run_log_lines(run.path()) {
+            eprintln!("{line}");
+        }
+    }
     assert_eq!(runs, JOBS as u64, "runs reported (exactly one per job)");
     assert!(
         share >= 0.8,

@@ -289,13 +289,13 @@ fn log_feedback(run: &StoredRun, fb: Result<Option<Feedback>, String>) {
     let pod = format!("{}/{}", run.pod_namespace, run.pod_name);
     match fb {
         Ok(Some(fb)) => {
-            tracing::info!(node = %run.node, class = %run.class, pod = %pod, actual_seconds = fb.actual_seconds, review = ?fb.review, "run observed")
+            tracing::info!(node = %run.node, class = %run.class, pod = %pod, run_id = %run.run_id, report_id = %run.report_id, seq = run.seq, actual_seconds = fb.actual_seconds, review = ?fb.review, "run observed")
         }
         Ok(None) => {
-            tracing::info!(node = %run.node, class = %run.class, pod = %pod, outcome = ?run.outcome, "run stored, not observed (failed, unclassified or no device profile)")
+            tracing::info!(node = %run.node, class = %run.class, pod = %pod, run_id = %run.run_id, report_id = %run.report_id, seq = run.seq, outcome = ?run.outcome, "run stored, not observed (failed, unclassified or no device profile)")
         }
         Err(e) => {
-            tracing::warn!(node = %run.node, class = %run.class, pod = %pod, error = %e, "run stored, model refused it")
+            tracing::warn!(node = %run.node, class = %run.class, pod = %pod, run_id = %run.run_id, report_id = %run.report_id, seq = run.seq, error = %e, "run stored, model refused it")
         }
     }
 }

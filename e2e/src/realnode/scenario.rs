@@ -82,6 +82,47 @@ pub fn model_runs() -> Option<u64> {
     state()?["model"]["runs"].as_u64()
 }
 
+/// Every line of the containers' logs under `dir` (each node's `pod-logs`) that tells a run's
+/// life: the agents' "run started" / "run ended" / missing / listed again, the orchestrator's
+/// "run observed" / "run stored". What a failed exactly-once check prints.
+pub fn run_log_lines(dir: &Path) -> Vec<String> {
+    const MARKS: [&str; 6] = [
+        "run started",
+        "run ended",
+        "run missing",
+        "listed again",
+        "run observed",
+        "run stored",
+    ];
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            match e.file_type() {
+                Ok(t) if t.is_dir() && !t.is_symlink() => stack.push(p),
+                Ok(t) if t.is_file() && p.extension().is_some_and(|x| x == "log") => {
+                    let Ok(text) = std::fs::read_to_string(&p) else {
+                        continue;
+                    };
+                    let within = p.strip_prefix(dir).unwrap_or(&p).display().to_string();
+                    out.extend(
+                        text.lines()
+                            .filter(|l| MARKS.iter().any(|m| l.contains(m)))
+                            .map(|l| format!("{within}: {l}")),
+                    );
+                }
+                _ => {}
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
 /// Waits until the orchestrator answers `/readyz` with 200.
 pub async fn wait_orchestrator_ready(what: &str) -> Result<()> {
     wait_for(
