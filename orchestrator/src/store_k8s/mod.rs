@@ -36,10 +36,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kudos_api::plugin_config::DerivedImage;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
+mod legacy;
+mod load;
+mod pack;
+
 pub use crate::store::MAX_REPORT_IDS;
+use pack::{RecentIds, pack_runs, split_utf8};
 /// Report IDs remembered in memory (those of runs not yet in a snapshot, then the most recent).
 const MAX_IDS_IN_MEMORY: usize = 200_000;
 /// Data bytes per object at most: under the API server's 1 MiB limit, with room for metadata.
@@ -112,91 +117,12 @@ struct Inner {
     next_model_write: Option<Instant>,
 }
 
-/// Report IDs in arrival order, bounded.
-#[derive(Default)]
-struct RecentIds {
-    order: VecDeque<String>,
-    set: HashSet<String>,
-}
-
-impl RecentIds {
-    fn insert(&mut self, id: String) {
-        if self.set.insert(id.clone()) {
-            self.order.push_back(id);
-        }
-        while self.order.len() > MAX_IDS_IN_MEMORY {
-            if let Some(old) = self.order.pop_front() {
-                self.set.remove(&old);
-            }
-        }
-    }
-
-    fn contains(&self, id: &str) -> bool {
-        self.set.contains(id)
-    }
-
-    fn last(&self, n: usize) -> Vec<&String> {
-        self.order
-            .iter()
-            .skip(self.order.len().saturating_sub(n))
-            .collect()
-    }
-}
-
 fn kube_err(e: kube::Error) -> StoreError {
     StoreError::Kube(Box::new(e))
 }
 
 fn is_code(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
-}
-
-/// `s` in pieces of at most `max` bytes, cut at character boundaries.
-fn split_utf8(s: &str, max: usize) -> Vec<&str> {
-    let mut out = Vec::new();
-    let mut rest = s;
-    while !rest.is_empty() {
-        let mut cut = rest.len().min(max);
-        while !rest.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        let (head, tail) = rest.split_at(cut);
-        out.push(head);
-        rest = tail;
-    }
-    out
-}
-
-/// Runs packed into JSON arrays of at most [`OBJECT_BYTES`]: (first seq, last seq, JSON).
-fn pack_runs(runs: &[StoredRun]) -> Result<Vec<(u64, u64, String)>, StoreError> {
-    let mut out = Vec::new();
-    let mut cur: Vec<String> = Vec::new();
-    let (mut first, mut last, mut bytes) = (0, 0, 2);
-    for r in runs {
-        let one = serde_json::to_string(r)?;
-        if one.len() + 2 > OBJECT_BYTES {
-            return Err(StoreError::Conflict(format!(
-                "run report {} is {} bytes, over the {OBJECT_BYTES}-byte object limit",
-                r.report_id,
-                one.len()
-            )));
-        }
-        if !cur.is_empty() && bytes + one.len() + 1 > OBJECT_BYTES {
-            out.push((first, last, format!("[{}]", cur.join(","))));
-            cur.clear();
-            bytes = 2;
-        }
-        if cur.is_empty() {
-            first = r.seq;
-        }
-        last = r.seq;
-        bytes += one.len() + 1;
-        cur.push(one);
-    }
-    if !cur.is_empty() {
-        out.push((first, last, format!("[{}]", cur.join(","))));
-    }
-    Ok(out)
 }
 
 fn node_object_suffix(node: &str) -> String {
@@ -411,211 +337,6 @@ impl ConfigMapStore {
                 "store state missing after load".into(),
             )),
         }
-    }
-
-    async fn load_inner(&self) -> Result<(Inner, Loaded), StoreError> {
-        let meta_cm = self.read_meta().await?;
-        if let Some(cm) = &meta_cm
-            && legacy::is_legacy(cm)
-        {
-            self.migrate(cm).await?;
-            return Box::pin(self.load_inner()).await;
-        }
-        let rv = meta_cm
-            .as_ref()
-            .and_then(|c| c.metadata.resource_version.clone());
-        let mut meta: Meta = match meta_cm.as_ref().and_then(|c| data(c, KEY_STATE)) {
-            Some(s) => serde_json::from_str(s)?,
-            None => Meta::default(),
-        };
-        // Listed even without `<name>`: if only it was deleted, the runs still stored are
-        // replayed and their seqs are not reused.
-        let parts = self.list_parts().await?;
-
-        let mut nodes = BTreeMap::new();
-        let mut generation = meta.generation;
-        let mut chunks: BTreeMap<u64, &str> = BTreeMap::new();
-        let mut obsolete = Vec::new();
-        let mut segments = HashSet::new();
-        let mut runs: Vec<StoredRun> = Vec::new();
-        let mut ids = RecentIds::default();
-        let mut max_seq = 0;
-        let mut segment_ids: Vec<(u64, String)> = Vec::new();
-        for cm in &parts {
-            let name = cm.metadata.name.clone().unwrap_or_default();
-            match part(cm) {
-                Some("node") => match data(cm, KEY_NODE).map(serde_json::from_str::<NodeRecord>) {
-                    Some(Ok(r)) => {
-                        generation = generation.max(r.generation);
-                        nodes.insert(r.node, r.vendors);
-                    }
-                    _ => {
-                        tracing::error!(object = %name, "a node's stored plugin report is unreadable; ignored until its plugin reports again")
-                    }
-                },
-                Some("model") => {
-                    let seq = annotation(cm, ANN_SEQ).unwrap_or(0);
-                    if seq == meta.model_seq && seq > 0 {
-                        if let (Some(i), Some(text)) =
-                            (annotation(cm, ANN_CHUNK), data(cm, KEY_CHUNK))
-                        {
-                            chunks.insert(i, text);
-                        }
-                    } else if seq < meta.model_seq {
-                        obsolete.push(name);
-                    }
-                    // A newer seq: a snapshot being written now, or one a crash cut short;
-                    // the next snapshot's clean-up removes it.
-                }
-                Some("runs") => {
-                    let parsed = data(cm, KEY_RUNS).map(serde_json::from_str::<Vec<StoredRun>>);
-                    let Some(Ok(batch)) = parsed else {
-                        tracing::error!(object = %name, "a stored run segment is unreadable; its runs are lost to the model");
-                        continue;
-                    };
-                    let last = batch.last().map_or(0, |r| r.seq);
-                    max_seq = max_seq.max(last);
-                    for r in &batch {
-                        segment_ids.push((r.seq, r.report_id.clone()));
-                    }
-                    segments.insert(name.clone());
-                    if last <= meta.model_seq {
-                        obsolete.push(name);
-                    } else {
-                        runs.extend(batch.into_iter().filter(|r| r.seq > meta.model_seq));
-                    }
-                }
-                Some("ids") => match data(cm, KEY_IDS).map(serde_json::from_str::<Vec<String>>) {
-                    Some(Ok(list)) => list.into_iter().for_each(|id| ids.insert(id)),
-                    _ => {
-                        tracing::error!(object = %name, "stored report IDs are unreadable; a re-sent old report may be learned twice")
-                    }
-                },
-                _ => {}
-            }
-        }
-        segment_ids.sort();
-        for (_, id) in segment_ids {
-            ids.insert(id);
-        }
-        runs.sort_by_key(|r| r.seq);
-
-        let model = if meta.model_seq == 0 {
-            None
-        } else if chunks.len() == meta.model_chunks as usize
-            && chunks.keys().copied().eq(0..u64::from(meta.model_chunks))
-        {
-            Some((
-                chunks.values().copied().collect::<String>().into_bytes(),
-                meta.model_seq,
-            ))
-        } else {
-            tracing::error!(
-                snapshot_seq = meta.model_seq,
-                chunks_expected = meta.model_chunks,
-                chunks_found = chunks.len(),
-                "the model snapshot is incomplete (its ConfigMaps were deleted?); starting from the runs still stored"
-            );
-            None
-        };
-        meta.next_seq = meta
-            .next_seq
-            .max(max_seq + 1)
-            .max(meta.model_seq + 1)
-            .max(1);
-        if !obsolete.is_empty() {
-            tracing::info!(
-                objects = obsolete.len(),
-                "deleting state objects a snapshot made obsolete"
-            );
-            // Their report IDs first, or a re-sent report would be learned twice.
-            self.put(&self.ids_object(&ids)?).await?;
-            self.delete_all(obsolete).await;
-        }
-        let plugin_config = PluginConfig {
-            generation,
-            unified_resource_name: meta.unified_resource_name.clone(),
-            nodes: nodes.clone(),
-            images: meta.images.clone(),
-        };
-        let loaded = Loaded {
-            plugin_config,
-            model,
-            runs_to_replay: runs,
-            known_reports: ids.order.len() as u64,
-        };
-        let inner = Inner {
-            meta,
-            rv,
-            nodes,
-            ids,
-            segments,
-            next_model_write: None,
-        };
-        Ok((inner, loaded))
-    }
-
-    /// Writes the first format's content in this one, then replaces `<name>` (dropping the old
-    /// keys) only once everything else is written: a crash part-way converts again.
-    async fn migrate(&self, cm: &ConfigMap) -> Result<(), StoreError> {
-        let old = legacy::decode(cm)?;
-        tracing::info!(
-            runs = old.runs.len(),
-            report_ids = old.ids.len(),
-            "converting the single-ConfigMap state to the sharded format"
-        );
-        let plugin = old.plugin.unwrap_or_default();
-        let mut objects: Vec<ConfigMap> = Vec::new();
-        for (node, vendors) in &plugin.nodes {
-            objects.push(self.node_object(node, plugin.generation, vendors)?);
-        }
-        let runs: Vec<StoredRun> = old
-            .runs
-            .into_iter()
-            .filter(|r| r.seq > old.model_seq)
-            .collect();
-        for (first, last, json) in pack_runs(&runs)? {
-            objects.push(self.segment_object(first, last, json));
-        }
-        let chunk_count = match &old.model {
-            Some(text) => {
-                let chunks = split_utf8(text, OBJECT_BYTES);
-                let n = chunks.len() as u32;
-                for (i, c) in chunks.into_iter().enumerate() {
-                    objects.push(self.chunk_object(old.model_seq, i as u64, c.to_owned()));
-                }
-                n
-            }
-            None => 0,
-        };
-        objects.push(self.object(
-            format!("{}-report-ids", self.name),
-            "ids",
-            KEY_IDS,
-            serde_json::to_string(&old.ids)?,
-            &[],
-        ));
-        self.put_all(objects).await?;
-        let meta = Meta {
-            format: FORMAT,
-            next_seq: old.next_seq.max(1),
-            model_seq: if old.model.is_some() {
-                old.model_seq
-            } else {
-                0
-            },
-            model_chunks: chunk_count,
-            generation: plugin.generation,
-            unified_resource_name: plugin.unified_resource_name,
-            images: plugin.images,
-        };
-        let mut new = self.state_object(&meta)?;
-        new.metadata.resource_version = cm.metadata.resource_version.clone();
-        self.api
-            .replace(&self.name, &PostParams::default(), &new)
-            .await
-            .map_err(kube_err)?;
-        Ok(())
     }
 
     /// `<name>` holding `meta`.
@@ -932,93 +653,5 @@ impl Store for ConfigMapStore {
         applied_seq: u64,
     ) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(self.snapshot(model, applied_seq))
-    }
-}
-
-/// The first format: everything in `<name>`, read only to convert it.
-mod legacy {
-    use super::*;
-
-    pub(super) struct Data {
-        pub plugin: Option<PluginConfig>,
-        pub model: Option<String>,
-        pub model_seq: u64,
-        pub runs: Vec<StoredRun>,
-        pub ids: Vec<String>,
-        pub next_seq: u64,
-    }
-
-    pub(super) fn is_legacy(cm: &ConfigMap) -> bool {
-        cm.data.as_ref().is_some_and(|d| {
-            !d.contains_key(KEY_STATE)
-                && ["plugin-config.json", "model.json", "runs.json", "next-seq"]
-                    .iter()
-                    .any(|k| d.contains_key(*k))
-        })
-    }
-
-    pub(super) fn decode(cm: &ConfigMap) -> Result<Data, StoreError> {
-        let get = |k: &str| data(cm, k);
-        Ok(Data {
-            plugin: get("plugin-config.json")
-                .map(serde_json::from_str)
-                .transpose()?,
-            model: get("model.json").map(str::to_owned),
-            model_seq: get("model-seq")
-                .map(serde_json::from_str)
-                .transpose()?
-                .unwrap_or(0),
-            runs: get("runs.json")
-                .map(serde_json::from_str)
-                .transpose()?
-                .unwrap_or_default(),
-            ids: get("report-ids.json")
-                .map(serde_json::from_str)
-                .transpose()?
-                .unwrap_or_default(),
-            next_seq: get("next-seq")
-                .map(serde_json::from_str)
-                .transpose()?
-                .unwrap_or(1),
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn utf8_is_split_at_character_boundaries_within_the_limit() {
-        let s = "aé".repeat(1000);
-        let parts = split_utf8(&s, 7);
-        assert!(parts.iter().all(|p| p.len() <= 7 && !p.is_empty()));
-        assert_eq!(parts.concat(), s);
-        assert!(split_utf8("", 7).is_empty());
-    }
-
-    #[test]
-    fn runs_are_packed_in_order_under_the_object_limit() {
-        let runs: Vec<StoredRun> = (1..=4000)
-            .map(|seq| StoredRun {
-                seq,
-                report_id: format!("report-{seq}-{}", "x".repeat(200)),
-                ..crate::store::tests::run("r")
-            })
-            .collect();
-        let packed = pack_runs(&runs).unwrap();
-        assert!(
-            packed.len() > 1,
-            "4,000 runs of ~500 bytes need several objects"
-        );
-        let mut next = 1;
-        for (first, last, json) in &packed {
-            assert!(json.len() <= OBJECT_BYTES);
-            let back: Vec<StoredRun> = serde_json::from_str(json).unwrap();
-            assert_eq!((back[0].seq, back[back.len() - 1].seq), (*first, *last));
-            assert_eq!(*first, next);
-            next = last + 1;
-        }
-        assert_eq!(next, 4001);
     }
 }
