@@ -234,7 +234,14 @@ async fn open_store(
                 &s.store_namespace,
                 &s.store_name,
             ));
+            let t = std::time::Instant::now();
             let loaded = store.load().await.context("loading state")?;
+            tracing::info!(
+                seconds = t.elapsed().as_secs_f64(),
+                snapshot_bytes = loaded.model.as_ref().map_or(0, |(m, _)| m.len()),
+                runs = loaded.runs_to_replay.len(),
+                "ConfigMap store read"
+            );
             (store, loaded)
         }
     })
@@ -271,6 +278,7 @@ fn authenticator(
 /// Rebuilds the index from loaded state: plugin configuration, model snapshot, then every
 /// run accepted after the snapshot, in order.
 pub fn restore(s: &Settings, loaded: store::Loaded, cluster: bool) -> anyhow::Result<index::Index> {
+    let parse = std::time::Instant::now();
     let scheduler = index::scheduler_from(
         s.scheduler.clone(),
         loaded.model.as_ref().map(|(m, _)| m.as_slice()),
@@ -285,6 +293,8 @@ pub fn restore(s: &Settings, loaded: store::Loaded, cluster: bool) -> anyhow::Re
     idx.set_allocation_policy(s.allocation_policy);
     idx.set_plugin_config(loaded.plugin_config);
     let snapshot_seq = loaded.model.as_ref().map_or(0, |(_, seq)| *seq);
+    let parse_seconds = parse.elapsed().as_secs_f64();
+    let replay = std::time::Instant::now();
     for run in &loaded.runs_to_replay {
         if let Err(e) = idx.apply_run(run) {
             tracing::warn!(seq = run.seq, error = %e, "replayed run refused by the model");
@@ -294,7 +304,9 @@ pub fn restore(s: &Settings, loaded: store::Loaded, cluster: bool) -> anyhow::Re
     tracing::info!(
         known_reports = loaded.known_reports,
         snapshot_seq,
+        parse_seconds,
         replayed = loaded.runs_to_replay.len(),
+        replay_seconds = replay.elapsed().as_secs_f64(),
         applied_seq = idx_seq,
         generation = idx.plugin_config().generation,
         "state restored"
