@@ -11,6 +11,7 @@ mod support;
 
 use kudos_nvml::fake::FakeNvml;
 use kudos_proto::deviceplugin::v1beta1 as api;
+use kudos_testkit::proc::status_kib;
 use std::time::{Duration, Instant};
 use support::{Kubelet, plugin_client};
 
@@ -26,14 +27,6 @@ fn arg(name: &str, default: usize) -> usize {
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
-}
-
-fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 fn main() {
@@ -87,7 +80,7 @@ fn main() {
 
         // Steady RSS after the work above, with the kubelet's stream open.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        if let Some(kib) = rss_kib(child.id()) {
+        if let Some(kib) = status_kib(child.id(), "VmRSS:") {
             println!("steady RSS with 8 fake GPUs: {:.1} MiB", kib as f64 / 1024.0);
         }
 
@@ -105,7 +98,7 @@ fn main() {
             percentile(&took, 0.5),
             took[took.len() - 1]
         );
-        if let Some(kib) = rss_kib(child.id()) {
+        if let Some(kib) = status_kib(child.id(), "VmRSS:") {
             println!("RSS after {restarts} restarts: {:.1} MiB", kib as f64 / 1024.0);
         }
         let _ = child.kill();

@@ -25,7 +25,7 @@
 use crate::RunDir;
 use crate::kubelet::{Capacity, KubeletDm};
 use crate::paths::{kudos_bin, repo_root, upstream_bin};
-use crate::proc::{free_port, tail};
+use crate::proc::{free_port, status_kib, tail};
 use anyhow::{Context, Result, bail};
 use kudos_nvml::fake::FakeNvml;
 use kudos_proto::deviceplugin::v1beta1 as api;
@@ -375,16 +375,6 @@ fn alive(pid: u32) -> bool {
                 .is_some_and(|st| st != "Z" && st != "X")
         })
         .unwrap_or(false)
-}
-
-/// A `kB` field of `/proc/<pid>/status`.
-fn status_kib(pid: u32, field: &str) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .with_context(|| format!("no {field} line"))
 }
 
 /// The one plugin socket in the device-plugin directory (every socket but `kubelet.sock`; the

@@ -14,6 +14,7 @@ use kudos_proto::podresources::v1::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
 };
 use kudos_proto::podresources::v1::*;
+use kudos_testkit::proc::status_kib;
 use kudos_testkit::telemetry_receiver::TestReceiver;
 
 struct Kubelet(Vec<PodResources>);
@@ -50,15 +51,7 @@ fn usage(pid: u32) -> (u64, u64, u64) {
     // Fields after the command: state is index 0, utime 11, stime 12.
     let ticks = f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
         + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib = |key: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let kib = |field| status_kib(pid, field).unwrap_or(0);
     (ticks, kib("VmRSS:"), kib("VmHWM:"))
 }
 

@@ -26,6 +26,7 @@ use kudos_orchestrator::store_k8s::ConfigMapStore;
 use kudos_scheduler_core::{Scheduler, SchedulerConfig};
 use kudos_testkit::nodes::{NodeShape, create_nodes};
 use kudos_testkit::orchestrator::{Orchestrator, OrchestratorOptions};
+use kudos_testkit::proc::status_kib;
 use kudos_testkit::{ControlPlane, ControlPlaneOptions, RunDir};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -121,15 +122,8 @@ fn plugin_config(nodes: usize) -> PluginConfig {
 
 /// `VmRSS` and `VmHWM` (peak) of `pid`, MiB.
 fn memory_mib(pid: u32) -> (f64, f64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-            .map_or(0.0, |kb| kb / 1024.0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+    let mib = |field| status_kib(pid, field).map_or(0.0, |kib| kib as f64 / 1024.0);
+    (mib("VmRSS:"), mib("VmHWM:"))
 }
 
 /// Bytes of data in the store's ConfigMaps, and how many there are.

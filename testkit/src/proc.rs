@@ -182,6 +182,16 @@ pub async fn wait_for<T>(
     }
 }
 
+/// A `kB` field of `/proc/<pid>/status` (`"VmRSS:"`, `"VmHWM:"`), in KiB; `None` when the
+/// process or the field is gone.
+pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
 /// CPU seconds (user + system) a live process has used so far, from `/proc/<pid>/stat`
 /// (assumes the usual 100 clock ticks per second).
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
