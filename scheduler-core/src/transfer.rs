@@ -135,44 +135,76 @@ impl ModelState {
         let n_prof = keys.len();
         let isd = self.interaction_sd();
         let mut resid = vec![f64::NAN; n_classes * n_prof];
+        // Which profiles each class has a residual on, as bits: the pairwise pass below runs on
+        // every class pair, and most of its work is finding the profiles two classes share.
+        let words = n_prof.div_ceil(64).max(1);
+        let mut seen = vec![0u64; n_classes * words];
         for &(ci, pi, y, _) in &cells {
             if let Some(m) = mu[ci].filter(|_| per_class[ci] >= 2) {
                 resid[ci * n_prof + pi] = y - m - beta[pi];
+                seen[ci * words + pi / 64] |= 1 << (pi % 64);
             }
         }
         let bandwidth2 = 2.0 * (0.5 * isd).max(0.1).powi(2);
+        // A class pair's similarity does not depend on which profile is being predicted, so it
+        // is computed once per pair (and only for pairs that can contribute), then added to
+        // every profile the class is missing; the sums run in the same order as a per-profile
+        // loop would, so the result is the same to the bit.
         let row = |ci: usize| -> BTreeMap<String, (f64, f64)> {
             let mut out = BTreeMap::new();
             if !config.enable_transfer || per_class[ci] < 2 {
                 return out;
             }
             let mine = &resid[ci * n_prof..(ci + 1) * n_prof];
-            for p in 0..n_prof {
-                if !mine[p].is_nan() {
+            let mine_bits = &seen[ci * words..(ci + 1) * words];
+            let missing: Vec<usize> = (0..n_prof).filter(|&p| mine[p].is_nan()).collect();
+            if missing.is_empty() {
+                return out;
+            }
+            let missing_bits: Vec<u64> = {
+                let mut m = vec![0u64; words];
+                for &p in &missing {
+                    m[p / 64] |= 1 << (p % 64);
+                }
+                m
+            };
+            // (sum w, sum w*v, sum w*v^2) per missing profile.
+            let mut sums = vec![(0.0f64, 0.0f64, 0.0f64); missing.len()];
+            for c2 in (0..n_classes).filter(|&c2| c2 != ci) {
+                let theirs_bits = &seen[c2 * words..(c2 + 1) * words];
+                if theirs_bits
+                    .iter()
+                    .zip(&missing_bits)
+                    .all(|(t, m)| t & m == 0)
+                {
                     continue;
                 }
-                let (mut sw, mut swr, mut swr2) = (0.0, 0.0, 0.0);
-                for c2 in (0..n_classes).filter(|&c2| c2 != ci) {
-                    let theirs = &resid[c2 * n_prof..(c2 + 1) * n_prof];
-                    let v = theirs[p];
-                    if v.is_nan() {
-                        continue;
+                let theirs = &resid[c2 * n_prof..(c2 + 1) * n_prof];
+                let (mut d2, mut m) = (0.0, 0.0);
+                for (w, (a, b)) in mine_bits.iter().zip(theirs_bits).enumerate() {
+                    let mut common = a & b;
+                    while common != 0 {
+                        let p = w * 64 + common.trailing_zeros() as usize;
+                        common &= common - 1;
+                        let d = mine[p] - theirs[p];
+                        d2 += d * d;
+                        m += 1.0;
                     }
-                    let (mut d2, mut m) = (0.0, 0.0);
-                    for (a, b) in mine.iter().zip(theirs) {
-                        if !a.is_nan() && !b.is_nan() {
-                            d2 += (a - b) * (a - b);
-                            m += 1.0;
-                        }
-                    }
-                    if m == 0.0 {
-                        continue;
-                    }
-                    let w = m / (m + 1.0) * (-(d2 / m) / bandwidth2).exp();
-                    sw += w;
-                    swr += w * v;
-                    swr2 += w * v * v;
                 }
+                if m == 0.0 {
+                    continue;
+                }
+                let w = m / (m + 1.0) * (-(d2 / m) / bandwidth2).exp();
+                for (s, &p) in sums.iter_mut().zip(&missing) {
+                    let v = theirs[p];
+                    if !v.is_nan() {
+                        s.0 += w;
+                        s.1 += w * v;
+                        s.2 += w * v * v;
+                    }
+                }
+            }
+            for (&(sw, swr, swr2), &p) in sums.iter().zip(&missing) {
                 if sw > 0.0 {
                     let g = swr / (SIMILAR_PRIOR_WEIGHT + sw);
                     let spread = (swr2 - 2.0 * g * swr + g * g * sw).max(0.0);
