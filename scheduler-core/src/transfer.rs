@@ -31,7 +31,8 @@ impl ModelState {
     /// residuals agree with this class's on the profiles both have run on (a kernel-weighted
     /// neighbour average, shrunk toward zero). This is collaborative filtering over the class x
     /// profile matrix; its spread is the uncertainty. `touched` limits that (quadratic) step to one
-    /// class, except every `SIMILAR_FULL_EVERY` runs.
+    /// class, except every `SIMILAR_FULL_EVERY` runs (or every classes' next power of two runs,
+    /// when there are more classes).
     pub(crate) fn refit(&mut self, config: &SchedulerConfig, touched: Option<&str>) {
         let mut keys: Vec<&str> = Vec::new();
         let mut prior: Vec<f64> = Vec::new();
@@ -215,7 +216,14 @@ impl ModelState {
             }
             out
         };
-        let full = touched.is_none() || self.runs.is_multiple_of(SIMILAR_FULL_EVERY);
+        // The full pass costs classes² x profiles; running it every `period` runs, with the
+        // period growing with the number of classes, keeps its share of each run's work linear
+        // in classes. A class's own row is recomputed on each of its runs, and with C classes
+        // each one runs about once every C runs anyway, so the other rows are no staler than
+        // the traffic makes them. (The power of two keeps the period steady while classes
+        // come and go.)
+        let period = SIMILAR_FULL_EVERY.max((n_classes as u64).next_power_of_two());
+        let full = touched.is_none() || self.runs.is_multiple_of(period);
         let rows: Vec<Option<BTreeMap<String, (f64, f64)>>> = self
             .classes
             .keys()
