@@ -46,8 +46,15 @@ impl LogArgs {
             .map_err(|e| anyhow::anyhow!("invalid --log-level {:?}: {e}", self.level))?;
         let registry = tracing_subscriber::registry().with(filter);
         let result = match self.format {
+            // Colours only on a terminal: in `kubectl logs`, a file or a collector the escape
+            // codes would sit between every field name and its value and defeat grep.
             LogFormat::Text => registry
-                .with(fmt::layer().with_writer(std::io::stderr).with_target(true))
+                .with(
+                    fmt::layer()
+                        .with_writer(std::io::stderr)
+                        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                        .with_target(true),
+                )
                 .try_init(),
             LogFormat::Json => registry
                 .with(

@@ -188,5 +188,8 @@ async fn sigterm_drains_and_exits_zero() {
     assert!(status.success(), "exit status {status}");
     let log = std::fs::read_to_string(p.log()).unwrap();
     assert!(log.contains("stopped"), "{log}");
+    // A log that is not a terminal is plain text: `field=value` greps work (the restart test
+    // above relies on them) and `kubectl logs` shows no escape codes.
+    assert!(!log.contains('\u{1b}'), "escape codes in a log file: {log}");
     run.pass();
 }
