@@ -258,6 +258,12 @@ async fn main() -> anyhow::Result<()> {
         bytes as f64 / 1e6,
         ready.as_secs_f64()
     );
+    // Where the start's time went, in the orchestrator's own words.
+    if let Ok(log) = std::fs::read_to_string(orch.log()) {
+        log.lines()
+            .filter(|l| l.contains("ConfigMap store read") || l.contains("state restored"))
+            .for_each(|l| println!("  {l}"));
+    }
     orch.stop();
     dir.pass();
     Ok(())
