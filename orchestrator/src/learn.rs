@@ -18,6 +18,8 @@
 //!
 //! An acknowledgement promises durability, not learning: a run stored but not yet learned when
 //! the process stops is above the last snapshot's `seq`, so it is replayed at the next start.
+//! A panic while learning loses nothing either: the copy is rebuilt from the published model
+//! and every run since is learned again (see [`relearn`]).
 
 use crate::index::{SharedIndex, apply_run};
 use crate::metrics::Metrics;
@@ -176,6 +178,9 @@ async fn learn_loop(
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut pending = Unpublished::default();
+    // The runs in `working` that the published model does not have yet: if learning panics,
+    // the copy is rebuilt from the published model and these are learned again.
+    let mut since_publish: Vec<StoredRun> = Vec::new();
     let mut last_publish: Option<tokio::time::Instant> = None;
     let mut last_copy = std::time::Duration::ZERO;
     loop {
@@ -185,6 +190,7 @@ async fn learn_loop(
                 n = rx.recv_many(&mut batch, MAX_BATCH) => n,
                 () = tokio::time::sleep_until(at + publish_gap(last_copy)) => {
                     (working, last_copy) = publish(&index, working, &mut pending, &mut last_publish, &metrics).await;
+                    since_publish.clear();
                     continue;
                 }
             },
@@ -194,24 +200,15 @@ async fn learn_loop(
             break;
         }
         let runs = std::mem::take(&mut batch);
+        let batch_first_seq = runs.first().map_or(0, |r| r.seq);
+        since_publish.extend(runs.iter().cloned());
         let hook = hook.clone();
         let metrics2 = metrics.clone();
         let mut unpublished = std::mem::take(&mut pending);
         let learned = tokio::task::spawn_blocking(move || {
             let start = std::time::Instant::now();
             for run in &runs {
-                let fb = apply_run(&mut working, run);
-                // Each class's latest third queue is published with the model.
-                let third = match &fb {
-                    Ok(Some(fb)) => {
-                        metrics2
-                            .feedback_rescored_nodes
-                            .inc_by(fb.third_queue.len() as u64);
-                        Some((run.received_at, fb.clone()))
-                    }
-                    _ => None,
-                };
-                unpublished.learned(run.seq, &run.class, third);
+                let fb = learn_one(&mut working, run, &mut unpublished, &metrics2);
                 log_feedback(run, fb);
             }
             if let Some(h) = &hook {
@@ -227,22 +224,108 @@ async fn learn_loop(
         match learned {
             Ok((w, unpublished)) => {
                 (working, pending) = (w, unpublished);
-                let due = last_publish.is_none_or(|at| at.elapsed() >= publish_gap(last_copy));
-                if due {
-                    (working, last_copy) =
-                        publish(&index, working, &mut pending, &mut last_publish, &metrics).await;
-                }
             }
             Err(e) => {
-                // A panic in the model: the copy is lost, the published model is intact, and
-                // what was learned since it is replayed at the next start.
-                tracing::error!(error = %e, "learning a batch failed; restarting from the published model");
-                working = Scheduler::clone(&index.read().model());
+                // A panic in the model: the copy may be half-changed, so it is rebuilt from the
+                // published model and everything learned since is learned again, one run at a
+                // time, leaving out a run that panics again. Nothing acknowledged is lost: the
+                // next publish (and so the next snapshot) covers what the copy holds.
+                tracing::error!(error = %e, runs = since_publish.len(), "learning a batch failed; relearning from the published model");
+                let base = Scheduler::clone(&index.read().model());
+                let again = std::mem::take(&mut since_publish);
+                let metrics2 = metrics.clone();
+                match tokio::task::spawn_blocking(move || relearn(base, again, &metrics2)).await {
+                    Ok((w, unpublished, kept)) => {
+                        // The failed batch's runs were not counted as learned yet.
+                        let batch = kept.iter().filter(|r| r.seq >= batch_first_seq).count();
+                        metrics.learned_runs.inc_by(batch as u64);
+                        (working, pending, since_publish) = (w, unpublished, kept);
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "relearning failed; restarting from the published model");
+                        working = Scheduler::clone(&index.read().model());
+                        continue;
+                    }
+                }
             }
+        }
+        let due = last_publish.is_none_or(|at| at.elapsed() >= publish_gap(last_copy));
+        if due {
+            (working, last_copy) =
+                publish(&index, working, &mut pending, &mut last_publish, &metrics).await;
+            since_publish.clear();
         }
     }
     if pending.seq.is_some() {
         publish(&index, working, &mut pending, &mut last_publish, &metrics).await;
+    }
+}
+
+/// Learns one run into `working` and records it in `unpublished`.
+fn learn_one(
+    working: &mut Scheduler,
+    run: &StoredRun,
+    unpublished: &mut Unpublished,
+    metrics: &Metrics,
+) -> Result<Option<Feedback>, String> {
+    let fb = apply_run(working, run);
+    // Each class's latest third queue is published with the model.
+    let third = match &fb {
+        Ok(Some(fb)) => {
+            metrics
+                .feedback_rescored_nodes
+                .inc_by(fb.third_queue.len() as u64);
+            Some((run.received_at, fb.clone()))
+        }
+        _ => None,
+    };
+    unpublished.learned(run.seq, &run.class, third);
+    fb
+}
+
+/// Learns `runs` again on `base` after a panic, one at a time. A run that panics is left out
+/// (it is stored, and logged here, but never learned) and the rest are learned again on a fresh
+/// copy, since the panic may have left the copy half-changed. Returns the copy, what it holds
+/// unpublished and the runs it holds.
+fn relearn(
+    base: Scheduler,
+    runs: Vec<StoredRun>,
+    metrics: &Metrics,
+) -> (Scheduler, Unpublished, Vec<StoredRun>) {
+    relearn_with(base, runs, metrics, learn_one)
+}
+
+type LearnOne =
+    fn(&mut Scheduler, &StoredRun, &mut Unpublished, &Metrics) -> Result<Option<Feedback>, String>;
+
+fn relearn_with(
+    base: Scheduler,
+    mut runs: Vec<StoredRun>,
+    metrics: &Metrics,
+    learn: LearnOne,
+) -> (Scheduler, Unpublished, Vec<StoredRun>) {
+    // The highest seq left out: the published model counts as having applied it, so a restart
+    // does not replay (and panic on) it.
+    let mut left_out: Option<u64> = None;
+    loop {
+        let mut working = base.clone();
+        let mut unpublished = Unpublished::default();
+        let panicked = runs.iter().position(|run| {
+            let learned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                learn(&mut working, run, &mut unpublished, metrics)
+            }));
+            learned.is_err()
+        });
+        let Some(i) = panicked else {
+            if let Some(seq) = left_out {
+                unpublished.seq = Some(unpublished.seq.map_or(seq, |s| s.max(seq)));
+            }
+            return (working, unpublished, runs);
+        };
+        let run = runs.remove(i);
+        left_out = Some(left_out.map_or(run.seq, |s| s.max(run.seq)));
+        metrics.runs_left_out.inc();
+        tracing::error!(node = %run.node, class = %run.class, run_id = %run.run_id, report_id = %run.report_id, seq = run.seq, "learning this run panics; it stays stored and is left out of the model");
     }
 }
 
@@ -297,5 +380,64 @@ fn log_feedback(run: &StoredRun, fb: Result<Option<Feedback>, String>) {
         Err(e) => {
             tracing::warn!(node = %run.node, class = %run.class, pod = %pod, run_id = %run.run_id, report_id = %run.report_id, seq = run.seq, error = %e, "run stored, model refused it")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::RunOutcome;
+    use kudos_scheduler_core::SchedulerConfig;
+
+    fn run(seq: u64) -> StoredRun {
+        StoredRun {
+            seq,
+            report_id: format!("r{seq}"),
+            run_id: format!("r{seq}"),
+            node: "gpu-a".into(),
+            pod_namespace: "default".into(),
+            pod_name: format!("p{seq}"),
+            class: "resnet50".into(),
+            device_ids: vec!["d0".into()],
+            outcome: RunOutcome::Completed,
+            start: 1_700_000_000.0,
+            end: 1_700_000_600.0,
+            gpu_busy_seconds: 550.0,
+            progress: None,
+            work_done: None,
+            profile: None,
+            received_at: 1_700_000_601.0,
+        }
+    }
+
+    fn panics_on_seq_2(
+        w: &mut Scheduler,
+        r: &StoredRun,
+        u: &mut Unpublished,
+        m: &Metrics,
+    ) -> Result<Option<Feedback>, String> {
+        let fb = learn_one(w, r, u, m);
+        assert_ne!(r.seq, 2, "a defect in the model");
+        fb
+    }
+
+    #[test]
+    fn relearning_leaves_out_only_the_run_that_panics_and_counts_it_applied() {
+        let metrics = Metrics::new();
+        let base = Scheduler::new(SchedulerConfig::default());
+        let (_, unpublished, kept) =
+            relearn_with(base, (1..=4).map(run).collect(), &metrics, panics_on_seq_2);
+        let seqs: Vec<u64> = kept.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, [1, 3, 4]);
+        assert_eq!(unpublished.seq, Some(4));
+        assert_eq!(metrics.runs_left_out.get(), 1);
+
+        // The highest run panics: its seq still counts as applied, so a restart skips it.
+        let base = Scheduler::new(SchedulerConfig::default());
+        let (_, unpublished, kept) =
+            relearn_with(base, vec![run(1), run(2)], &metrics, panics_on_seq_2);
+        assert_eq!(kept.len(), 1);
+        assert_eq!(unpublished.seq, Some(2));
+        assert_eq!(metrics.runs_left_out.get(), 2);
     }
 }

@@ -123,6 +123,8 @@ pub struct Metrics {
     pub learned_runs: Counter,
     /// Copies of the model published to the extender (at most one per `learn::PUBLISH_EVERY`).
     pub model_publishes: Counter,
+    /// Stored runs left out of the model because learning them panicked.
+    pub runs_left_out: Counter,
 }
 
 impl Default for Metrics {
@@ -260,6 +262,12 @@ impl Metrics {
             "Accepted runs the model learned from",
             learned_runs.clone(),
         );
+        let runs_left_out = Counter::default();
+        registry.register(
+            "runs_left_out",
+            "Stored runs left out of the model because learning them panicked (a defect: see the error log)",
+            runs_left_out.clone(),
+        );
         let model_publishes = Counter::default();
         registry.register(
             "model_publishes",
@@ -280,6 +288,7 @@ impl Metrics {
             learn_batch_duration,
             learned_runs,
             model_publishes,
+            runs_left_out,
             extender_duration,
             extender_requests,
             grpc,

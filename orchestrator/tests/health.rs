@@ -183,3 +183,35 @@ async fn copies_are_spaced_by_their_cost_and_a_small_model_is_not_delayed() {
     );
     assert_eq!(metrics.learned_runs.get(), 200);
 }
+
+/// A panic while learning a batch loses nothing: the copy is rebuilt from the published model
+/// and every run since the last publish is learned again (before, the runs learned but not yet
+/// published were gone from the model, and the next snapshot's seq covered them, so not even a
+/// restart brought them back).
+#[tokio::test]
+async fn a_panic_while_learning_loses_no_run() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let index = standard_index();
+    let metrics = Arc::new(Metrics::new());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    // The second batch panics after it is learned on the copy.
+    let hook: LearnHook = Arc::new(move || {
+        if c.fetch_add(1, Ordering::SeqCst) == 1 {
+            panic!("a defect while learning");
+        }
+    });
+    let learner = Learner::spawn(index.clone(), metrics.clone(), Some(hook));
+    let profile = index.read().profile("gpu-a");
+    for seq in 1..=12 {
+        learner
+            .learn(stored_run(seq, "gpu-a", profile.clone()))
+            .await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    wait_learned(&index, 12).await;
+    assert!(calls.load(Ordering::SeqCst) >= 2, "the panicking batch ran");
+    assert_eq!(index.read().scheduler().state().runs(), 12);
+    assert_eq!(metrics.learned_runs.get(), 12);
+    assert_eq!(metrics.runs_left_out.get(), 0);
+}
