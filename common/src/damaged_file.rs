@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 /// Whether redb's error says the file itself is damaged, as opposed to permissions, a full
 /// disk or another process holding it. Our tables always have the same types, so a file that
 /// says otherwise is damaged too (found by fuzzing: a patched table header made the open fail
-/// for good).
+/// for good). So is a header that claims redb's file format 1 or 2 ("upgrade required"):
+/// Kudos has only ever written format 3 (redb 4), so such a byte is damage, not an old file
+/// (found by fuzzing too: one flipped version byte stopped the orchestrator for good).
 pub fn is_damage(e: &redb::Error) -> bool {
     match e {
         redb::Error::Corrupted(_)
@@ -15,7 +17,8 @@ pub fn is_damage(e: &redb::Error) -> bool {
         | redb::Error::TableTypeMismatch { .. }
         | redb::Error::TableIsMultimap(_)
         | redb::Error::TableIsNotMultimap(_)
-        | redb::Error::TypeDefinitionChanged { .. } => true,
+        | redb::Error::TypeDefinitionChanged { .. }
+        | redb::Error::UpgradeRequired(_) => true,
         redb::Error::Io(io) => matches!(
             io.kind(),
             std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof
@@ -68,6 +71,7 @@ mod tests {
     fn damage_is_told_from_other_failures() {
         assert!(is_damage(&redb::Error::Corrupted("x".into())));
         assert!(is_damage(&redb::Error::TableIsMultimap("runs".into())));
+        assert!(is_damage(&redb::Error::UpgradeRequired(1)));
         assert!(!is_damage(&redb::Error::DatabaseAlreadyOpen));
         let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
         assert!(!is_damage(&redb::Error::Io(denied)));
