@@ -386,27 +386,12 @@ fn log_feedback(run: &StoredRun, fb: Result<Option<Feedback>, String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::RunOutcome;
     use kudos_scheduler_core::SchedulerConfig;
 
     fn run(seq: u64) -> StoredRun {
         StoredRun {
             seq,
-            report_id: format!("r{seq}"),
-            run_id: format!("r{seq}"),
-            node: "gpu-a".into(),
-            pod_namespace: "default".into(),
-            pod_name: format!("p{seq}"),
-            class: "resnet50".into(),
-            device_ids: vec!["d0".into()],
-            outcome: RunOutcome::Completed,
-            start: 1_700_000_000.0,
-            end: 1_700_000_600.0,
-            gpu_busy_seconds: 550.0,
-            progress: None,
-            work_done: None,
-            profile: None,
-            received_at: 1_700_000_601.0,
+            ..crate::store::tests::run(&format!("r{seq}"))
         }
     }
 
