@@ -82,7 +82,9 @@ fn store_reopened(path: &Path) {
     // What the process does next: rebuild the index (a snapshot that redb's checks let
     // through but does not decode is an error here, never a panic), then keep writing.
     let settings = default_settings();
-    let _ = kudos_orchestrator::restore(&settings, loaded, false);
+    if let Ok((mut idx, backlog)) = kudos_orchestrator::restore(&settings, loaded, false) {
+        kudos_orchestrator::replay(&mut idx, &backlog);
+    }
     let rt = crate::runtime();
     let _ = rt.block_on(store.append_run(stored_run(99, "gpu-a", "after-damage")));
 }

@@ -245,7 +245,8 @@ async fn main() -> anyhow::Result<()> {
     let (rss_ready, peak_ready) = memory_mib(orch.pid());
     tokio::time::sleep(Duration::from_secs(10)).await;
     let (rss_later, peak_later) = memory_mib(orch.pid());
-    // What the restarted model holds (the snapshot's runs plus the pending ones replayed).
+    // What the restarted model holds (the snapshot's runs plus the pending ones, which the
+    // learner replays after ready).
     let learned = kudos_testkit::http::get_json(&orch.http_addr, "/state").map_or_else(
         |e| format!("unread ({e})"),
         |s| s["model"]["runs"].to_string(),
@@ -261,7 +262,15 @@ async fn main() -> anyhow::Result<()> {
     // Where the start's time went, in the orchestrator's own words.
     if let Ok(log) = std::fs::read_to_string(orch.log()) {
         log.lines()
-            .filter(|l| l.contains("ConfigMap store read") || l.contains("state restored"))
+            .filter(|l| {
+                [
+                    "ConfigMap store read",
+                    "state restored",
+                    "after the snapshot learned",
+                ]
+                .iter()
+                .any(|m| l.contains(m))
+            })
             .for_each(|l| println!("  {l}"));
     }
     orch.stop();

@@ -17,7 +17,8 @@
 //!   the work per report on the ingestion path is one channel send.
 //!
 //! An acknowledgement promises durability, not learning: a run stored but not yet learned when
-//! the process stops is above the last snapshot's `seq`, so it is replayed at the next start.
+//! the process stops is above the last snapshot's `seq`, so it is replayed at the next start,
+//! by the learner, as a backlog it learns before anything new ([`Learner::spawn_with_backlog`]).
 //! A panic while learning loses nothing either: the copy is rebuilt from the published model
 //! and every run since is learned again (see [`relearn`]).
 
@@ -119,10 +120,30 @@ pub struct Learner {
 impl Learner {
     /// Starts the learner with a working copy of the index's model.
     pub fn spawn(index: SharedIndex, metrics: Arc<Metrics>, hook: Option<LearnHook>) -> Self {
+        Self::start(index, metrics, hook, Vec::new())
+    }
+
+    /// Starts the learner, which first learns `backlog` (stored runs the index's model does
+    /// not hold yet, in `seq` order: those after the snapshot at start) and then what
+    /// [`Learner::learn`] queues.
+    pub fn spawn_with_backlog(
+        index: SharedIndex,
+        metrics: Arc<Metrics>,
+        backlog: Vec<StoredRun>,
+    ) -> Self {
+        Self::start(index, metrics, None, backlog)
+    }
+
+    fn start(
+        index: SharedIndex,
+        metrics: Arc<Metrics>,
+        hook: Option<LearnHook>,
+        backlog: Vec<StoredRun>,
+    ) -> Self {
         let (tx, rx) = mpsc::channel(LEARN_QUEUE);
         let working = Scheduler::clone(&index.read().model());
         tokio::spawn(
-            learn_loop(index, rx, working, metrics, hook)
+            learn_loop(index, rx, working, metrics, hook, backlog)
                 .instrument(tracing::info_span!("learner")),
         );
         Self { tx }
@@ -175,8 +196,20 @@ async fn learn_loop(
     mut working: Scheduler,
     metrics: Arc<Metrics>,
     hook: Option<LearnHook>,
+    backlog: Vec<StoredRun>,
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
+    // The backlog is learned first, a batch at a time like any other runs; runs queued
+    // meanwhile wait in the channel, so the model learns everything in `seq` order.
+    let replay_total = backlog.len();
+    let replay_started = std::time::Instant::now();
+    let mut backlog = backlog.into_iter();
+    if replay_total > 0 {
+        tracing::info!(
+            runs = replay_total,
+            "learning the runs stored after the snapshot; ranking with the snapshot's model until then"
+        );
+    }
     let mut pending = Unpublished::default();
     // The runs in `working` that the published model does not have yet: if learning panics,
     // the copy is rebuilt from the published model and these are learned again.
@@ -184,7 +217,12 @@ async fn learn_loop(
     let mut last_publish: Option<tokio::time::Instant> = None;
     let mut last_copy = std::time::Duration::ZERO;
     loop {
+        let replaying = backlog.len() > 0;
         let received = match (pending.seq, last_publish) {
+            _ if replaying => {
+                batch.extend(backlog.by_ref().take(MAX_BATCH));
+                batch.len()
+            }
             // Something waits to be published: take more runs until it is due.
             (Some(_), Some(at)) => tokio::select! {
                 n = rx.recv_many(&mut batch, MAX_BATCH) => n,
@@ -209,7 +247,10 @@ async fn learn_loop(
             let start = std::time::Instant::now();
             for run in &runs {
                 let fb = learn_one(&mut working, run, &mut unpublished, &metrics2);
-                log_feedback(run, fb);
+                // Replayed runs were logged when they arrived.
+                if !replaying {
+                    log_feedback(run, fb);
+                }
             }
             if let Some(h) = &hook {
                 h();
@@ -249,11 +290,20 @@ async fn learn_loop(
                 }
             }
         }
+        let replayed = replaying && backlog.len() == 0;
         let due = last_publish.is_none_or(|at| at.elapsed() >= publish_gap(last_copy));
-        if due {
+        if due || replayed {
             (working, last_copy) =
                 publish(&index, working, &mut pending, &mut last_publish, &metrics).await;
             since_publish.clear();
+        }
+        if replayed {
+            tracing::info!(
+                runs = replay_total,
+                seconds = replay_started.elapsed().as_secs_f64(),
+                applied_seq = index.read().applied_seq(),
+                "runs stored after the snapshot learned and published"
+            );
         }
     }
     if pending.seq.is_some() {

@@ -275,9 +275,17 @@ fn authenticator(
     })
 }
 
-/// Rebuilds the index from loaded state: plugin configuration, model snapshot, then every
-/// run accepted after the snapshot, in order.
-pub fn restore(s: &Settings, loaded: store::Loaded, cluster: bool) -> anyhow::Result<index::Index> {
+/// Rebuilds the index from loaded state: the plugin configuration and the model snapshot.
+/// Returns it with the runs accepted after the snapshot, in order, for the learner to learn
+/// once the process serves ([`learn::Learner::spawn_with_backlog`]): readiness does not wait
+/// for them, since a snapshot may be minutes of runs behind and each run costs a refit. Until
+/// they are learned, the extender ranks with the snapshot's model. [`replay`] learns them here
+/// instead, for a caller with no learner.
+pub fn restore(
+    s: &Settings,
+    loaded: store::Loaded,
+    cluster: bool,
+) -> anyhow::Result<(index::Index, Vec<state::StoredRun>)> {
     let parse = std::time::Instant::now();
     let scheduler = index::scheduler_from(
         s.scheduler.clone(),
@@ -293,25 +301,27 @@ pub fn restore(s: &Settings, loaded: store::Loaded, cluster: bool) -> anyhow::Re
     idx.set_allocation_policy(s.allocation_policy);
     idx.set_plugin_config(loaded.plugin_config);
     let snapshot_seq = loaded.model.as_ref().map_or(0, |(_, seq)| *seq);
-    let parse_seconds = parse.elapsed().as_secs_f64();
-    let replay = std::time::Instant::now();
-    for run in &loaded.runs_to_replay {
+    // The snapshot's model holds every run up to its seq.
+    let model = idx.model();
+    idx.publish_model(model, snapshot_seq);
+    tracing::info!(
+        known_reports = loaded.known_reports,
+        snapshot_seq,
+        parse_seconds = parse.elapsed().as_secs_f64(),
+        to_replay = loaded.runs_to_replay.len(),
+        generation = idx.plugin_config().generation,
+        "state restored"
+    );
+    Ok((idx, loaded.runs_to_replay))
+}
+
+/// Learns `runs` (the backlog [`restore`] returned) into `idx` now, in order.
+pub fn replay(idx: &mut index::Index, runs: &[state::StoredRun]) {
+    for run in runs {
         if let Err(e) = idx.apply_run(run) {
             tracing::warn!(seq = run.seq, error = %e, "replayed run refused by the model");
         }
     }
-    let idx_seq = idx.applied_seq().max(snapshot_seq);
-    tracing::info!(
-        known_reports = loaded.known_reports,
-        snapshot_seq,
-        parse_seconds,
-        replayed = loaded.runs_to_replay.len(),
-        replay_seconds = replay.elapsed().as_secs_f64(),
-        applied_seq = idx_seq,
-        generation = idx.plugin_config().generation,
-        "state restored"
-    );
-    Ok(idx)
 }
 
 /// Saves the published model when it includes runs the last snapshot does not. The lock is
@@ -419,7 +429,7 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
     let metrics = Arc::new(metrics::Metrics::new());
     let (store, loaded) = open_store(&s, client.as_ref(), &metrics).await?;
     let auth = authenticator(&s, client.as_ref())?;
-    let idx = restore(&s, loaded, cluster)?;
+    let (idx, backlog) = restore(&s, loaded, cluster)?;
     let mut saved_seq = idx.applied_seq();
     metrics
         .plugin_generation
@@ -516,7 +526,7 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         lock: tokio::sync::Mutex::new(()),
         runs: learn::RunWriter::spawn(
             store.clone(),
-            learn::Learner::spawn(index.clone(), metrics.clone(), None),
+            learn::Learner::spawn_with_backlog(index.clone(), metrics.clone(), backlog),
         ),
         draining: drain_rx.clone(),
         // Rollout subscribes here (rollout::start) when enabled.

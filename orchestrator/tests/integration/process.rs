@@ -158,7 +158,8 @@ async fn state_is_identical_after_sigkill_restart() {
     let before = state_applied(&p, all.len()).await;
     p.kill();
     let p2 = start(&run, &[&cfg_arg]).await;
-    let after = state(&p2);
+    // Ready before the runs after the snapshot are learned: the learner replays them.
+    let after = state_applied(&p2, all.len()).await;
     assert_eq!(before["model"]["appliedSeq"], 12);
     assert_eq!(before, after);
     let log = std::fs::read_to_string(p2.log()).unwrap();
@@ -173,8 +174,12 @@ async fn state_is_identical_after_sigkill_restart() {
         "the restart should load a snapshot: {restored}"
     );
     assert!(
-        !restored.contains("replayed=0"),
+        !restored.contains("to_replay=0"),
         "the restart should replay runs after it: {restored}"
+    );
+    assert!(
+        log.contains("runs stored after the snapshot learned and published"),
+        "the learner should say when the replay is done: {log}"
     );
     drop(p2);
     run.pass();
