@@ -9,8 +9,10 @@
 //! request body as is, so it works on the framing too. The caller is authenticated as node
 //! `gpu-a` (token `t-gpu-a`).
 //!
-//! Checked besides "no panic": every call is answered with HTTP 200 and a `grpc-status`, and a
-//! report stream acknowledges at most one report per message sent.
+//! Checked besides "no panic": every call is answered with HTTP 200 and a `grpc-status`, a
+//! report stream acknowledges at most one report per message sent, and every accepted run is
+//! learned without a panic in the model (the learner catches one and leaves the run out, so
+//! the target waits for the learner and checks that it left nothing out).
 
 use http_body_util::BodyExt;
 use kudos_orchestrator::auth::StaticAuthenticator;
@@ -90,6 +92,7 @@ pub fn run(data: &[u8]) {
         };
         let index = crate::extender::index();
         let metrics = Arc::new(Metrics::new());
+        let learned = metrics.clone();
         let (_drain, draining) = tokio::sync::watch::channel(false);
         let ingest = Arc::new(Ingest {
             runs: RunWriter::spawn(
@@ -144,26 +147,42 @@ pub fn run(data: &[u8]) {
             header_status || trailer_status,
             "{method}: the answer carries no grpc-status"
         );
+        let (acks, accepted) = count_acks(&answer.to_bytes());
         if let (Some(sent), "/kudos.v1.TelemetryService/ReportRuns") = (sent, method) {
-            let acks = count_acks(&answer.to_bytes());
             assert!(
                 acks <= sent,
                 "{method}: {acks} acknowledgements for {sent} reports"
             );
         }
+        // The learner learns accepted runs after their ack: wait for it (bounded).
+        let done = || learned.learned_runs.get() + learned.runs_left_out.get() >= accepted;
+        for _ in 0..5_000 {
+            if done() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        assert_eq!(
+            learned.runs_left_out.get(),
+            0,
+            "{method}: learning an accepted run panicked in the model (see the panic above)"
+        );
     });
 }
 
-/// The acknowledgements in an answer's frames.
-fn count_acks(mut rest: &[u8]) -> usize {
-    let mut acks = 0;
+/// The acknowledgements in an answer's frames, and how many of them accept a run.
+fn count_acks(mut rest: &[u8]) -> (usize, u64) {
+    let (mut acks, mut accepted) = (0, 0);
     while rest.len() >= 5 {
         let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
         let end = (5 + len).min(rest.len());
-        if pb::RunAck::decode(&rest[5..end]).is_ok() {
+        if let Ok(ack) = pb::RunAck::decode(&rest[5..end]) {
             acks += 1;
+            if ack.status == pb::AckStatus::Accepted as i32 {
+                accepted += 1;
+            }
         }
         rest = &rest[end..];
     }
-    acks
+    (acks, accepted)
 }

@@ -15,8 +15,10 @@
 //!   one held, and snapshots after the final report, are rejected as stale. The ledger of keyed
 //!   runs is bounded (see [`crate::runs`]). Unkeyed reports ([`observe`]) each count as a run.
 //! * **Validation.** Nothing a pod writes may poison the model: non-finite values, `end < start`,
-//!   zero durations, progress outside (0, 1], non-positive work and busy time above the elapsed
-//!   time are typed errors, and the model is untouched.
+//!   zero durations, progress outside [`MIN_PROGRESS`]..=1, work outside
+//!   [`MIN_WORK_UNITS`]..=[`MAX_WORK_UNITS`] and busy time above the elapsed time are typed
+//!   errors, and the model is untouched. The bounds keep every measure and every prediction
+//!   made from it finite.
 //! * **Bounded influence.** Once a class has a level, the log time per work unit is clipped to
 //!   four standard deviations (at least a factor 10) of the current prediction before it is stored,
 //!   and every cell's estimate is a robust M-estimate over a window, so one run cannot move any
@@ -69,14 +71,14 @@ pub enum ObserveError {
     /// The run took no time.
     #[error("the run has zero duration")]
     ZeroDuration,
-    /// Progress must be in (0, 1].
-    #[error("progress {0} is outside (0, 1]")]
+    /// Progress must be in [`MIN_PROGRESS`]..=1.
+    #[error("progress {0} is outside 1e-6..=1")]
     ProgressOutOfRange(f64),
     /// A run in progress must say how far it is.
     #[error("a run in progress needs its progress")]
     MissingProgress,
-    /// Work must be positive.
-    #[error("work_units {0} must be positive")]
+    /// Work must be in [`MIN_WORK_UNITS`]..=[`MAX_WORK_UNITS`].
+    #[error("work_units {0} is outside 1e-6..=1e15")]
     InvalidWork(f64),
     /// Busy time must be within 0..=elapsed.
     #[error("gpu_busy_seconds {busy} is outside 0..={elapsed}")]
@@ -98,6 +100,16 @@ pub enum ObserveError {
         held: &'static str,
     },
 }
+
+/// Least progress a snapshot may report: earlier, extrapolating the whole run's time from it
+/// (`elapsed / progress`) says nothing, and at the smallest numbers it overflows.
+pub const MIN_PROGRESS: f64 = 1e-6;
+/// Least and most work units a run may report. Wide enough for any unit a class picks (epochs,
+/// steps, samples, tokens), and narrow enough that seconds per unit and the predicted seconds
+/// of a pod (per-unit time times its declared work) stay finite.
+pub const MIN_WORK_UNITS: f64 = 1e-6;
+/// See [`MIN_WORK_UNITS`].
+pub const MAX_WORK_UNITS: f64 = 1e15;
 
 fn finite(field: &'static str, v: f64) -> Result<f64, ObserveError> {
     if v.is_finite() {
@@ -142,7 +154,7 @@ pub fn measure(run: &RunObservation) -> Result<Measured, ObserveError> {
         return Err(ObserveError::ZeroDuration);
     }
     if let Some(w) = run.work_units
-        && (!w.is_finite() || w <= 0.0)
+        && !(MIN_WORK_UNITS..=MAX_WORK_UNITS).contains(&w)
     {
         return Err(ObserveError::InvalidWork(w));
     }
@@ -152,7 +164,7 @@ pub fn measure(run: &RunObservation) -> Result<Measured, ObserveError> {
         return Err(ObserveError::InvalidBusy { busy: b, elapsed });
     }
     let progress = match run.progress {
-        Some(p) if p.is_finite() && p > 0.0 && p <= 1.0 => Some(p),
+        Some(p) if (MIN_PROGRESS..=1.0).contains(&p) => Some(p),
         Some(p) => return Err(ObserveError::ProgressOutOfRange(p)),
         None => None,
     };
@@ -171,9 +183,12 @@ pub fn measure(run: &RunObservation) -> Result<Measured, ObserveError> {
         Some(w) => (elapsed / w).ln(),
         None => actual_seconds.ln(),
     };
+    // The bounds above keep these finite; checked anyway, since one infinite time would turn
+    // the class's fit into NaN and panic a later clamp (found by fuzzing the gRPC ingestion:
+    // a snapshot with 2e-312 work units, before work had a lower bound).
     Ok(Measured {
-        actual_seconds,
-        log_per_unit,
+        actual_seconds: finite("actual_seconds", actual_seconds)?,
+        log_per_unit: finite("seconds per work unit", log_per_unit)?,
         weight,
     })
 }

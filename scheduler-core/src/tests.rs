@@ -186,6 +186,26 @@ fn observe_rejects_nonsense_and_leaves_state_untouched() {
     assert_eq!(s.observe(&prog, 100.0), Err(ObserveError::MissingProgress));
     let zero = run("a", "V100", "c", 0.0, 100.0);
     assert_eq!(s.observe(&zero, 100.0), Err(ObserveError::ZeroDuration));
+    // Amounts at the edge of what a float holds: a subnormal amount of work made seconds per
+    // unit infinite, the class's fit NaN and the next report of the run panic.
+    let mut tiny = run("a", "V100", "c", 60.0, 100.0);
+    tiny.work_units = Some(2.237_912_271_857e-312);
+    assert_eq!(
+        s.observe(&tiny, 100.0),
+        Err(ObserveError::InvalidWork(2.237_912_271_857e-312))
+    );
+    tiny.work_units = Some(1e300);
+    assert!(matches!(
+        s.observe(&tiny, 100.0),
+        Err(ObserveError::InvalidWork(_))
+    ));
+    tiny.work_units = None;
+    tiny.completed = false;
+    tiny.progress = Some(1e-300);
+    assert!(matches!(
+        s.observe(&tiny, 100.0),
+        Err(ObserveError::ProgressOutOfRange(_))
+    ));
     assert_eq!(s.state(), &before);
 }
 
