@@ -42,6 +42,48 @@ pub fn catch_panic<T, E>(
     })
 }
 
+/// A redb database whose closing cannot take the process down. redb commits once more when a
+/// database is dropped (it saves its allocator state), and on a damaged file that commit can
+/// fail one of redb's assertions: a panic at shutdown, or wherever the last handle goes, with
+/// nothing to catch it (found by fuzzing: a file that opened and loaded, then panicked in
+/// `Drop`). This catches it and logs it instead.
+pub struct ClosingDatabase(Option<redb::Database>);
+
+impl ClosingDatabase {
+    /// Takes ownership of `db`.
+    pub fn new(db: redb::Database) -> Self {
+        Self(Some(db))
+    }
+}
+
+impl std::ops::Deref for ClosingDatabase {
+    type Target = redb::Database;
+
+    fn deref(&self) -> &redb::Database {
+        match &self.0 {
+            Some(db) => db,
+            // Only `drop` takes it out, and nothing derefs after that.
+            None => unreachable!("a ClosingDatabase is used after it was dropped"),
+        }
+    }
+}
+
+impl Drop for ClosingDatabase {
+    fn drop(&mut self) {
+        if let Some(db) = self.0.take()
+            && let Err(why) = catch_panic(
+                || {
+                    drop(db);
+                    Ok(())
+                },
+                |m| m,
+            )
+        {
+            tracing::error!(error = %why, "closing the store file failed inside redb; the file may be damaged and is checked at the next open");
+        }
+    }
+}
+
 /// Renames `path` to `<path>.damaged-<unix seconds>` (kept for inspection); returns the new path.
 pub fn move_aside(path: &Path) -> std::io::Result<PathBuf> {
     let secs = std::time::SystemTime::now()

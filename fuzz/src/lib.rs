@@ -93,7 +93,8 @@ pub fn caught_panics() -> u64 {
 }
 
 /// Wraps the panic hook: a panic raised inside redb's code is counted and kept quiet (the
-/// stores catch those on purpose; `KUDOS_FUZZ_VERBOSE=1` prints them); any other panic goes
+/// stores catch those on purpose; `KUDOS_FUZZ_VERBOSE=1` prints them with a backtrace, to tell
+/// where one escaped); any other panic goes
 /// to the hook that was there before, which under libFuzzer aborts and saves the input.
 /// Installed once, however often it is called.
 pub fn count_caught_panics() {
@@ -108,7 +109,8 @@ pub fn count_caught_panics() {
             }
             CAUGHT_PANICS.fetch_add(1, Ordering::Relaxed);
             if verbose {
-                eprintln!("panic inside redb (the store catches it): {info}");
+                let trace = std::backtrace::Backtrace::force_capture();
+                eprintln!("panic inside redb (the store catches it): {info}\n{trace}");
             }
         }));
     });

@@ -29,9 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use kudos_proto::kudos::v1::{RunReport, RunState};
 use prost::Message;
-use redb::{
-    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
-};
+use redb::{Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
 const REPORTS: TableDefinition<u64, &[u8]> = TableDefinition::new("reports");
 const IDS: TableDefinition<&str, u64> = TableDefinition::new("ids");
@@ -102,7 +100,7 @@ pub struct PushOutcome {
 
 /// The on-disk outbox; see the module docs. Cheap to share behind an `Arc`.
 pub struct Outbox {
-    db: Database,
+    db: kudos_common::damaged_file::ClosingDatabase,
     max_reports: u64,
     depth: AtomicU64,
     notify: tokio::sync::Notify,
@@ -180,7 +178,7 @@ impl Outbox {
         };
         txn.commit()?;
         Ok(Self {
-            db,
+            db: kudos_common::damaged_file::ClosingDatabase::new(db),
             max_reports: max_reports.max(1),
             depth: AtomicU64::new(depth),
             notify: tokio::sync::Notify::new(),

@@ -13,6 +13,7 @@
 use crate::metrics::{Metrics, ReasonLabels};
 use crate::state::{PluginConfig, StoredRun};
 use futures::future::BoxFuture;
+use kudos_common::damaged_file::ClosingDatabase;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use std::path::Path;
 use std::sync::Arc;
@@ -114,7 +115,7 @@ const KEY_MODEL_SEQ: &str = "model_seq";
 /// The embedded store: one redb file, every commit fsynced (`Durability::Immediate`).
 #[derive(Clone)]
 pub struct FileStore {
-    db: Arc<Database>,
+    db: Arc<ClosingDatabase>,
 }
 
 impl FileStore {
@@ -128,7 +129,9 @@ impl FileStore {
             txn.open_table(RUNS).map_err(redb::Error::from)?;
         }
         txn.commit().map_err(redb::Error::from)?;
-        Ok(Self { db: Arc::new(db) })
+        Ok(Self {
+            db: Arc::new(ClosingDatabase::new(db)),
+        })
     }
 
     /// Opens the file and loads it, recovering from a damaged one: an empty file (a store
