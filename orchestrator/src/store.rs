@@ -43,6 +43,10 @@ pub enum StoreError {
     /// The file is damaged: the embedded database panicked reading or writing it.
     #[error("the store file is damaged: {0}")]
     Damaged(String),
+    /// The file's contents disagree with themselves (a run's key is not its seq, a seq at the
+    /// end of the range): damage that redb's checksums let through.
+    #[error("the store file is inconsistent: {0}")]
+    Inconsistent(String),
     /// Moving a damaged file aside failed.
     #[error("moving the damaged store {path} aside: {source}")]
     MoveAside {
@@ -198,10 +202,30 @@ impl FileStore {
             .map_err(redb::Error::from)?
             .map(|v| (v.value().to_vec(), applied_seq));
         let runs = txn.open_table(RUNS).map_err(redb::Error::from)?;
+        // Seqs count up from 1 and every append adds one: a seq at the end of the range, or a
+        // run stored under a key other than its seq, is damage (found by fuzzing: a patched key
+        // made the next append overflow).
+        let inconsistent = |why: String| StoreError::Inconsistent(why);
+        let first = applied_seq
+            .checked_add(1)
+            .ok_or_else(|| inconsistent(format!("the snapshot's seq is {applied_seq}")))?;
+        if let Some((last, _)) = runs.last().map_err(redb::Error::from)?
+            && last.value() == u64::MAX
+        {
+            return Err(inconsistent(format!("a run is stored at seq {}", u64::MAX)));
+        }
         let mut runs_to_replay = Vec::new();
-        for item in runs.range(applied_seq + 1..).map_err(redb::Error::from)? {
-            let (_, v) = item.map_err(redb::Error::from)?;
-            runs_to_replay.push(serde_json::from_slice(v.value())?);
+        for item in runs.range(first..).map_err(redb::Error::from)? {
+            let (k, v) = item.map_err(redb::Error::from)?;
+            let run: StoredRun = serde_json::from_slice(v.value())?;
+            if run.seq != k.value() {
+                return Err(inconsistent(format!(
+                    "the run stored at seq {} says its seq is {}",
+                    k.value(),
+                    run.seq
+                )));
+            }
+            runs_to_replay.push(run);
         }
         let ids = txn.open_table(REPORT_IDS).map_err(redb::Error::from)?;
         let known_reports = redb::ReadableTableMetadata::len(&ids).map_err(redb::Error::from)?;
@@ -288,7 +312,10 @@ impl FileStore {
                     outcomes.push(Appended::Duplicate);
                     continue;
                 }
-                last += 1;
+                // `load` refuses a file whose last seq is u64::MAX; a run log cannot get there.
+                last = last.checked_add(1).ok_or_else(|| {
+                    StoreError::Inconsistent(format!("no seq after {last} is left"))
+                })?;
                 run.seq = last;
                 let bytes = serde_json::to_vec(&run)?;
                 table
@@ -323,6 +350,7 @@ fn damage_kind(e: &StoreError) -> Option<&'static str> {
     match e {
         StoreError::Damaged(_) => Some("panic"),
         StoreError::Json(_) => Some("undecodable"),
+        StoreError::Inconsistent(_) => Some("inconsistent"),
         StoreError::Redb(e) if kudos_common::damaged_file::is_damage(e) => Some("corrupted"),
         _ => None,
     }
@@ -505,6 +533,43 @@ pub(crate) mod tests {
         assert_eq!(recoveries(&m, "corrupted"), 1);
         assert_eq!(damaged_files(dir.path()).len(), 1);
         assert_eq!(s.append_run(run("a")).await.unwrap(), Appended::Stored(1));
+    }
+
+    /// Damage that redb's checksums let through: a run stored under a key other than its seq
+    /// (a patched key at u64::MAX made the next append overflow), or a snapshot seq at the end
+    /// of the range. Each file is moved aside and reported, and the store goes on.
+    #[tokio::test]
+    async fn runs_out_of_sequence_are_damage() {
+        let rerun = |key: u64, model_seq: Option<u64>| async move {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("s.redb");
+            {
+                let s = FileStore::open(&path).unwrap();
+                s.append_run(run("a")).await.unwrap();
+                let txn = s.db.begin_write().unwrap();
+                {
+                    let mut runs = txn.open_table(RUNS).unwrap();
+                    let bytes = serde_json::to_vec(&StoredRun { seq: 1, ..run("a") }).unwrap();
+                    runs.remove(1).unwrap();
+                    runs.insert(key, bytes.as_slice()).unwrap();
+                    if let Some(seq) = model_seq {
+                        let mut meta = txn.open_table(META).unwrap();
+                        meta.insert(KEY_MODEL_SEQ, serde_json::to_vec(&seq).unwrap().as_slice())
+                            .unwrap();
+                    }
+                }
+                txn.commit().unwrap();
+            }
+            let m = Metrics::new();
+            let (s, loaded) = FileStore::open_checked(&path, &m).unwrap();
+            assert!(loaded.runs_to_replay.is_empty());
+            assert_eq!(recoveries(&m, "inconsistent"), 1, "key {key}");
+            assert_eq!(damaged_files(dir.path()).len(), 1);
+            assert_eq!(s.append_run(run("b")).await.unwrap(), Appended::Stored(1));
+        };
+        rerun(u64::MAX, None).await;
+        rerun(7, None).await;
+        rerun(1, Some(u64::MAX)).await;
     }
 
     /// A damaged 4 KiB block made redb panic: every block of a store, damaged in turn, opens

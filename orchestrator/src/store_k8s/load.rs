@@ -109,10 +109,11 @@ impl ConfigMapStore {
             );
             None
         };
+        // Saturating: a tampered object's seq at u64::MAX must not wrap the counter to 0.
         meta.next_seq = meta
             .next_seq
-            .max(max_seq + 1)
-            .max(meta.model_seq + 1)
+            .max(max_seq.saturating_add(1))
+            .max(meta.model_seq.saturating_add(1))
             .max(1);
         if !obsolete.is_empty() {
             tracing::info!(

@@ -491,8 +491,8 @@ impl ConfigMapStore {
             .write_meta(inner, |m| {
                 // Above any snapshot's seq, whatever the counter says: a run at or below it
                 // would count as already learned.
-                let first = m.next_seq.max(m.model_seq + 1);
-                m.next_seq = first + n;
+                let first = m.next_seq.max(m.model_seq.saturating_add(1));
+                m.next_seq = first.saturating_add(n);
                 first
             })
             .await?;
