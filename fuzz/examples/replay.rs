@@ -30,11 +30,19 @@ fn main() -> std::process::ExitCode {
         };
         let t = Instant::now();
         target(&input);
-        println!("{path}: {} bytes, {:.3} s", input.len(), t.elapsed().as_secs_f64());
+        println!(
+            "{path}: {} bytes, {:.3} s",
+            input.len(),
+            t.elapsed().as_secs_f64()
+        );
     }
     let peak = std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(str::to_owned));
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .map(str::to_owned)
+        });
     println!("peak memory: {}", peak.as_deref().unwrap_or("unknown"));
     std::process::ExitCode::SUCCESS
 }
