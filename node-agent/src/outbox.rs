@@ -156,10 +156,14 @@ impl Outbox {
     fn open_file(file: &Path, max_reports: u64) -> Result<Self, OutboxError> {
         use std::os::unix::fs::PermissionsExt;
         // Small cache: the working set is the unsent reports, and RSS matters on every node.
-        let db = redb::Builder::new()
-            .set_cache_size(4 << 20)
-            .set_check_integrity_on_open(true)
-            .create(file)?;
+        // Wrapped at once: a redb panic below drops it while unwinding, and a second panic in
+        // its closing commit would abort the process.
+        let db = kudos_common::damaged_file::ClosingDatabase::new(
+            redb::Builder::new()
+                .set_cache_size(4 << 20)
+                .set_check_integrity_on_open(true)
+                .create(file)?,
+        );
         std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600))
             .map_err(io_error(file))?;
         let txn = db.begin_write()?;
@@ -178,7 +182,7 @@ impl Outbox {
         };
         txn.commit()?;
         Ok(Self {
-            db: kudos_common::damaged_file::ClosingDatabase::new(db),
+            db,
             max_reports: max_reports.max(1),
             depth: AtomicU64::new(depth),
             notify: tokio::sync::Notify::new(),

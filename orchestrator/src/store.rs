@@ -125,7 +125,9 @@ pub struct FileStore {
 impl FileStore {
     /// Opens or creates the file (its directory must exist).
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = Database::create(path).map_err(redb::Error::from)?;
+        // Wrapped at once: if redb panics below, the database is dropped while unwinding, and
+        // a second panic there (its closing commit) would abort the process.
+        let db = ClosingDatabase::new(Database::create(path).map_err(redb::Error::from)?);
         let txn = db.begin_write().map_err(redb::Error::from)?;
         {
             txn.open_table(META).map_err(redb::Error::from)?;
@@ -133,9 +135,7 @@ impl FileStore {
             txn.open_table(RUNS).map_err(redb::Error::from)?;
         }
         txn.commit().map_err(redb::Error::from)?;
-        Ok(Self {
-            db: Arc::new(ClosingDatabase::new(db)),
-        })
+        Ok(Self { db: Arc::new(db) })
     }
 
     /// Opens the file and loads it, recovering from a damaged one: an empty file (a store
