@@ -169,6 +169,10 @@ pub struct EndedRun {
     pub time_source: TimeSource,
 }
 
+/// Most finished container attempts remembered (see [`RunTracker`]'s `finished`): far more
+/// than the pods one node runs at once.
+const MAX_FINISHED: usize = 4096;
+
 /// A container that started and finished within one second of the API's clock is reported as
 /// this long (the expected length of such a span), capped by what the agent saw.
 const SUB_SECOND_MS: i64 = 500;
@@ -210,6 +214,11 @@ pub struct RunTracker {
     /// Runs ended because their pod ended while the kubelet still listed the devices; they
     /// must not restart until the assignment goes away.
     ended: HashSet<(RunKey, Vec<String>)>,
+    /// Container attempts whose run ended after the attempt finished, as (pod UID, restart
+    /// count): the kubelet may list the devices again afterwards (a listing that lacked the pod
+    /// once, then had it), and that must not start a second run of the same attempt. Kept
+    /// while the pod's metadata shows the same UID; at most [`MAX_FINISHED`].
+    finished: HashMap<RunKey, (String, i32)>,
     /// Since when PodResources has answered without a failure in between; `None` right after
     /// a failed listing.
     listing_ok_since: Option<i64>,
@@ -227,6 +236,7 @@ impl RunTracker {
             cfg,
             runs: HashMap::new(),
             ended: HashSet::new(),
+            finished: HashMap::new(),
             listing_ok_since: None,
             rng_state: random_seed(),
         }
@@ -304,6 +314,10 @@ impl RunTracker {
             None => self.listing_ok_since = None,
         }
         let grace_ms = i64::try_from(self.cfg.end_grace.as_millis()).unwrap_or(i64::MAX);
+        self.finished.retain(|k, (uid, _)| {
+            meta.get(&k.0, &k.1)
+                .is_some_and(|m| m.uid == *uid && !m.ended)
+        });
 
         // Account the interval for every run that was already going, note which ones the
         // listing lacks, then end those that are over (see the module docs).
@@ -432,6 +446,10 @@ impl RunTracker {
                 time_source: source,
             });
             out.changed = true;
+            if run.container.finished_ms.is_some() && self.finished.len() < MAX_FINISHED {
+                let attempt = (run.meta.uid.clone(), run.container.restarts);
+                self.finished.insert(key.clone(), attempt);
+            }
             if held && matches!(reason, EndReason::PodEnded) {
                 self.ended.insert((key, run.device_ids));
             }
@@ -456,6 +474,12 @@ impl RunTracker {
                 .get(&a.container)
                 .copied()
                 .unwrap_or_default();
+            // The attempt whose run already ended, listed again: not a new run.
+            if container.finished_ms.is_some()
+                && self.finished.get(&key) == Some(&(pod_meta.uid.clone(), container.restarts))
+            {
+                continue;
+            }
             let models = a
                 .device_ids
                 .iter()

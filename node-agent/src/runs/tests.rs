@@ -711,3 +711,36 @@ fn a_pod_recreated_under_the_same_name_is_a_new_run() {
     assert_ne!(now[0].run_id, first);
     assert_eq!(now[0].pod_uid, "u2");
 }
+
+/// Seen in CI on a real kubelet: the listing lacks the pod for one tick just as its container
+/// finishes (the run ends, timed by the container), then lists its device again while the pod
+/// is not yet marked ended. Before the fix that started a second run of the same finished
+/// container, and the job was reported twice.
+#[test]
+fn a_finished_container_listed_again_does_not_start_a_second_run() {
+    use Listing::{Held, Lacking};
+    let store = PodMetaStore::default();
+    let mut t = RunTracker::new(cfg_grace(10));
+    let mut reports = Vec::new();
+    for s in 0..3 {
+        pod_with(&store, Some(times(Some(T0), None, 0)), false);
+        reports.extend(feed(&mut t, &store, s, Held));
+    }
+    let finished = Some(times(Some(T0), Some(T0 + 2500), 0));
+    pod_with(&store, finished, false);
+    reports.extend(feed(&mut t, &store, 3, Lacking));
+    assert_eq!(reports.len(), 1, "the run ended: {reports:#?}");
+    for s in 4..6 {
+        reports.extend(feed(&mut t, &store, s, Held));
+        assert_eq!(
+            t.active(),
+            0,
+            "tick {s}: no second run of the finished attempt"
+        );
+    }
+    // The same container restarted (OnFailure): that attempt is a run of its own.
+    pod_with(&store, Some(times(None, None, 1)), false);
+    reports.extend(feed(&mut t, &store, 6, Held));
+    assert_eq!(t.active(), 1, "a restarted container starts a run");
+    assert_eq!(reports.len(), 1, "{reports:#?}");
+}
