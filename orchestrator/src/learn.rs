@@ -180,9 +180,14 @@ struct Unpublished {
 }
 
 impl Unpublished {
+    /// Counts every run up to `seq` as applied once published.
+    fn covers(&mut self, seq: u64) {
+        self.seq = Some(self.seq.map_or(seq, |s| s.max(seq)));
+    }
+
     /// Records a learned run's `seq` and third queue (replacing its class's earlier one).
     fn learned(&mut self, seq: u64, class: &str, third: Option<(f64, Feedback)>) {
-        self.seq = Some(self.seq.map_or(seq, |s| s.max(seq)));
+        self.covers(seq);
         if let Some((at, fb)) = third {
             self.third.retain(|(c, _, _)| c != class);
             self.third.push((class.to_owned(), at, fb));
@@ -368,7 +373,7 @@ fn relearn_with(
         });
         let Some(i) = panicked else {
             if let Some(seq) = left_out {
-                unpublished.seq = Some(unpublished.seq.map_or(seq, |s| s.max(seq)));
+                unpublished.covers(seq);
             }
             return (working, unpublished, runs);
         };
