@@ -104,6 +104,22 @@ fn stored_run(
     }
 }
 
+/// Queues runs 1..=`runs` on gpu-a, `gap` apart, so they arrive in several batches.
+async fn learn_spaced(
+    learner: &Learner,
+    index: &kudos_orchestrator::index::SharedIndex,
+    runs: u64,
+    gap: Duration,
+) {
+    let profile = index.read().profile("gpu-a");
+    for seq in 1..=runs {
+        learner
+            .learn(stored_run(seq, "gpu-a", profile.clone()))
+            .await;
+        tokio::time::sleep(gap).await;
+    }
+}
+
 /// The learner refits a copy with no lock held: while it is stopped inside a refit, the
 /// extender answers from the previous model and the index can even be written.
 #[tokio::test]
@@ -168,13 +184,7 @@ async fn copies_are_spaced_by_their_cost_and_a_small_model_is_not_delayed() {
     let index = standard_index();
     let metrics = Arc::new(Metrics::new());
     let learner = Learner::spawn(index.clone(), metrics.clone(), None);
-    let profile = index.read().profile("gpu-a");
-    for seq in 1..=200 {
-        learner
-            .learn(stored_run(seq, "gpu-a", profile.clone()))
-            .await;
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    learn_spaced(&learner, &index, 200, Duration::from_millis(5)).await;
     wait_learned(&index, 200).await;
     let publishes = metrics.model_publishes.get();
     assert!(
@@ -202,13 +212,7 @@ async fn a_panic_while_learning_loses_no_run() {
         }
     });
     let learner = Learner::spawn(index.clone(), metrics.clone(), Some(hook));
-    let profile = index.read().profile("gpu-a");
-    for seq in 1..=12 {
-        learner
-            .learn(stored_run(seq, "gpu-a", profile.clone()))
-            .await;
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    learn_spaced(&learner, &index, 12, Duration::from_millis(2)).await;
     wait_learned(&index, 12).await;
     assert!(calls.load(Ordering::SeqCst) >= 2, "the panicking batch ran");
     assert_eq!(index.read().scheduler().state().runs(), 12);
