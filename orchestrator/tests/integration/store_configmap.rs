@@ -1,7 +1,8 @@
 //! The ConfigMap store against a real kube-apiserver and etcd: the first format converted with
 //! nothing lost, two replicas appending without sharing a `seq`, snapshots in chunks under the
-//! object limit, and 100,000 reports leaving the store's data in etcd flat. Skips with a message when etcd or
-//! kube-apiserver are missing; `KUDOS_E2E_REQUIRE=1` turns the skip into a failure.
+//! object limit, and 100,000 reports leaving the store's data in etcd flat. Skips with a
+//! message when etcd or kube-apiserver are missing; `KUDOS_E2E_REQUIRE=1` turns the skip into
+//! a failure.
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
