@@ -6,10 +6,58 @@
 //! `KUDOS_FUZZ_SMOKE_RUNS` sets the mutations per target (default below); `KUDOS_FUZZ_SEED`
 //! the generator's seed (default: fixed, so CI repeats itself). A failing input is written to
 //! `target/fuzz-smoke/<target>-<n>` and named in the failure, ready for
-//! `cargo +nightly fuzz run --fuzz-dir fuzz/libfuzzer <target> <file>`.
+//! `cargo +nightly fuzz run --fuzz-dir fuzz/libfuzzer <target> <file>`. Besides panics, an
+//! input fails when it makes one allocation over [`MAX_ALLOCATION`].
 
 use kudos_fuzz::mutate::{Rng, mutate, parse_dict};
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The largest single allocation an input may make. Far above what any target needs (its
+/// files and bodies are kilobytes) and far below the memory limits the processes run under
+/// (512 Mi for the orchestrator, 64 Mi for the node agent): an input that allocates more
+/// would get a deployed process killed, which no `catch_unwind` sees. Found this way: a
+/// damaged page pointer made redb allocate 2.1 GB before reading the page.
+const MAX_ALLOCATION: usize = 64 << 20;
+
+/// The system allocator, recording the largest request since the last [`take_largest`].
+struct LargestAllocation;
+
+static LARGEST: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is passed to the system allocator unchanged.
+unsafe impl GlobalAlloc for LargestAllocation {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+        // SAFETY: the caller's contract is the system allocator's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LARGEST.fetch_max(new_size, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: LargestAllocation = LargestAllocation;
+
+fn take_largest() -> usize {
+    LARGEST.swap(0, Ordering::Relaxed)
+}
 
 fn manifest_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -55,21 +103,30 @@ fn smoke(name: &str, default_runs: u64, max_len: usize) {
     let mut rng = Rng::new(env_number("KUDOS_FUZZ_SEED", 0x006b_7564_6f73));
     let fail_dir = manifest_dir().join("../target/fuzz-smoke");
     let try_one = |n: u64, input: &[u8]| {
+        take_largest();
         let outcome = std::panic::catch_unwind(|| target(input));
-        if outcome.is_err() {
-            let _ = std::fs::create_dir_all(&fail_dir);
-            let path = fail_dir.join(format!("{name}-{n}"));
-            let saved = std::fs::write(&path, input).is_ok();
-            panic!(
-                "target {name}, input {n} ({} bytes{}) panicked (message above)",
-                input.len(),
-                if saved {
-                    format!(", saved to {}", path.display())
-                } else {
-                    String::new()
-                },
-            );
-        }
+        // Other targets' tests run in parallel and count too: with --test-threads=1 the
+        // input named below is certain.
+        let largest = take_largest();
+        let failure = if outcome.is_err() {
+            "panicked (message above)".to_owned()
+        } else if largest > MAX_ALLOCATION {
+            format!("allocated {largest} bytes at once (at most {MAX_ALLOCATION})")
+        } else {
+            return;
+        };
+        let _ = std::fs::create_dir_all(&fail_dir);
+        let path = fail_dir.join(format!("{name}-{n}"));
+        let saved = std::fs::write(&path, input).is_ok();
+        panic!(
+            "target {name}, input {n} ({} bytes{}) {failure}",
+            input.len(),
+            if saved {
+                format!(", saved to {}", path.display())
+            } else {
+                String::new()
+            },
+        );
     };
     for (n, input) in corpus.iter().enumerate() {
         try_one(n as u64, input);
