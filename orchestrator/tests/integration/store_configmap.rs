@@ -304,7 +304,7 @@ async fn a_hundred_thousand_reports_leave_etcd_flat() -> anyhow::Result<()> {
             let waited = Instant::now();
             wait_for_compaction(&cp.etcd_addr).await?;
             waits += waited.elapsed();
-            let live = etcd_live_bytes(&cp.etcd_addr, "/registry/configmaps/default/")?;
+            let live = etcd_live_bytes(&cp.etcd_addr, &format!("/registry/configmaps/{NS}/"))?;
             let in_use = etcd_metric(&cp.etcd_addr, "etcd_mvcc_db_total_size_in_use_in_bytes")?;
             eprintln!(
                 "{seq} reports: the store's ConfigMaps hold {:.2} MiB in etcd (etcd in use {:.1} MiB)",
