@@ -37,7 +37,7 @@ fn one_call(extender: &Extender, body: &[u8]) -> usize {
         Err(e) => panic!("fixture request does not parse: {e}"),
     };
     match extender.prioritize(args) {
-        Ok(list) => serde_json::to_vec(&list).map_or(0, |v| v.len()),
+        Ok(list) => kudos_orchestrator::extender::types::host_priorities_json(&list).len(),
         Err(e) => panic!("prioritize failed: {e}"),
     }
 }

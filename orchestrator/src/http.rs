@@ -191,7 +191,8 @@ async fn prioritize(State(s): St, body: Bytes) -> Result<Response, AppError> {
     let args: ExtenderArgs = parse(&body)?;
     let r = s.extender.prioritize(args).map_err(AppError::BadRequest);
     observe(&s, "prioritize", start, r.is_ok());
-    json(&r?)
+    let body = crate::extender::types::host_priorities_json(&r?);
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 async fn bind(State(s): St, body: Bytes) -> Result<Response, AppError> {

@@ -90,6 +90,55 @@ pub struct HostPriority<'a> {
     pub score: i64,
 }
 
+/// The prioritize answer as JSON, byte for byte what `serde_json::to_vec` writes for it, into
+/// one buffer of the right size.
+///
+/// This is on every GPU pod's scheduling path: at 5,000 candidates the derived serializer
+/// grew its buffer a dozen times (each a copy of everything so far) and ran each name through
+/// the escaper byte by byte. Names that need no escape (every name a Kubernetes node can have)
+/// are copied as they are; any other goes through serde_json.
+pub fn host_priorities_json(list: &[HostPriority<'_>]) -> Vec<u8> {
+    // `{"Host":"","Score":10},` is 23 bytes around the name.
+    let size = 2 + list.iter().map(|h| h.host.len() + 23).sum::<usize>();
+    let mut out = Vec::with_capacity(size);
+    out.push(b'[');
+    for (i, h) in list.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"Host\":");
+        json_str(&mut out, &h.host);
+        out.extend_from_slice(b",\"Score\":");
+        json_int(&mut out, h.score);
+        out.push(b'}');
+    }
+    out.push(b']');
+    out
+}
+
+/// `s` as a JSON string, escaped as serde_json escapes it.
+fn json_str(out: &mut Vec<u8>, s: &str) {
+    // serde_json escapes exactly the control characters, `"` and `\`; everything else,
+    // non-ASCII included, is written as it is.
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else if serde_json::to_writer(&mut *out, s).is_err() {
+        // Writing to a Vec cannot fail; an empty string keeps the JSON well formed regardless.
+        out.extend_from_slice(b"\"\"");
+    }
+}
+
+/// `v` in decimal.
+fn json_int(out: &mut Vec<u8>, v: i64) {
+    match u8::try_from(v) {
+        Ok(v @ 0..=9) => out.push(b'0' + v),
+        Ok(v @ 10..=99) => out.extend_from_slice(&[b'0' + v / 10, b'0' + v % 10]),
+        _ => out.extend_from_slice(v.to_string().as_bytes()),
+    }
+}
+
 /// `ExtenderBindingArgs`.
 #[derive(Debug, Default, Deserialize, Serialize)]
 pub struct ExtenderBindingArgs {
@@ -130,5 +179,36 @@ mod tests {
         assert!(matches!(&names[1], Cow::Owned(n) if n == "node-2"));
         let absent: ExtenderArgs = serde_json::from_slice(br#"{"NodeNames": null}"#).unwrap();
         assert!(absent.node_names.is_none());
+    }
+
+    proptest::proptest! {
+        /// The prioritize answer is what serde_json writes for it, whatever the names (quotes,
+        /// backslashes, control characters, non-ASCII) and scores.
+        #[test]
+        fn prioritize_answer_is_serde_jsons(
+            hosts in proptest::collection::vec(
+                proptest::prop_oneof![
+                    "[a-z0-9.-]{0,30}",
+                    proptest::prelude::any::<String>(),
+                    "[\"\\\\\u{0}-\u{1f}a\u{7f}é]{0,6}",
+                ],
+                0..20,
+            ),
+            scores in proptest::collection::vec(proptest::prelude::any::<i64>(), 20),
+        ) {
+            let list: Vec<HostPriority> = hosts
+                .iter()
+                .zip(&scores)
+                .enumerate()
+                .map(|(i, (h, s))| HostPriority {
+                    host: Cow::Borrowed(h.as_str()),
+                    score: if i % 2 == 0 { s.rem_euclid(12) } else { *s },
+                })
+                .collect();
+            proptest::prop_assert_eq!(
+                String::from_utf8(host_priorities_json(&list)).unwrap(),
+                String::from_utf8(serde_json::to_vec(&list).unwrap()).unwrap()
+            );
+        }
     }
 }
