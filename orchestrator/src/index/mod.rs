@@ -498,7 +498,11 @@ impl Index {
         now: f64,
     ) -> (Vec<NodeState>, Vec<Unknown>) {
         let names = names.into_iter();
-        let mut states = Vec::with_capacity(names.size_hint().0);
+        // The extender passes its candidates through filters (duplicates, excluded nodes), whose
+        // lower bound is 0: size for the upper one, or the buffer of these large rows regrows
+        // a dozen times at 5,000 nodes.
+        let (low, high) = names.size_hint();
+        let mut states = Vec::with_capacity(high.unwrap_or(low));
         let mut unknown = Vec::new();
         for name in names {
             let info = from_request.get(name).or_else(|| self.nodes.get(name));
