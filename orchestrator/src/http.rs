@@ -141,7 +141,12 @@ fn parse<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, AppError> {
 
 fn json<T: Serialize>(v: &T) -> Result<Response, AppError> {
     let body = serde_json::to_vec(v).map_err(|e| AppError::Internal(e.to_string()))?;
-    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+    Ok(json_body(body))
+}
+
+/// An answer already written as JSON.
+fn json_body(body: Vec<u8>) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 fn ready(s: &HttpState) -> bool {
@@ -179,7 +184,7 @@ async fn filter(State(s): St, body: Bytes) -> Result<Response, AppError> {
     let args: ExtenderArgs = parse(&body)?;
     let r = s.extender.filter(args);
     observe(&s, "filter", start, r.error.is_empty());
-    json(&r)
+    Ok(json_body(crate::extender::types::filter_result_json(&r)))
 }
 
 async fn prioritize(State(s): St, body: Bytes) -> Result<Response, AppError> {
@@ -191,8 +196,7 @@ async fn prioritize(State(s): St, body: Bytes) -> Result<Response, AppError> {
     let args: ExtenderArgs = parse(&body)?;
     let r = s.extender.prioritize(args).map_err(AppError::BadRequest);
     observe(&s, "prioritize", start, r.is_ok());
-    let body = crate::extender::types::host_priorities_json(&r?);
-    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+    Ok(json_body(crate::extender::types::host_priorities_json(&r?)))
 }
 
 async fn bind(State(s): St, body: Bytes) -> Result<Response, AppError> {

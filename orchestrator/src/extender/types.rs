@@ -116,11 +116,74 @@ pub fn host_priorities_json(list: &[HostPriority<'_>]) -> Vec<u8> {
     out
 }
 
+/// The filter answer as JSON, byte for byte what `serde_json::to_vec` writes for it, into one
+/// buffer of the right size (see [`host_priorities_json`] for why). An answer in the `Nodes`
+/// form (whole Node objects) goes through serde_json.
+pub fn filter_result_json(r: &ExtenderFilterResult<'_>) -> Vec<u8> {
+    if r.nodes.is_some() {
+        return serde_json::to_vec(r).unwrap_or_else(|e| {
+            // Serialising plain data into a Vec does not fail; if it ever did, say so in the
+            // answer's own error field rather than answering nothing.
+            let error = format!("serialising the filter answer failed: {e}");
+            let mut out = b"{\"Nodes\":null,\"NodeNames\":null,\"FailedNodes\":{},\"FailedAndUnresolvableNodes\":{},\"Error\":".to_vec();
+            json_str(&mut out, &error);
+            out.push(b'}');
+            out
+        });
+    }
+    let map_size =
+        |m: &BTreeMap<String, String>| m.iter().map(|(k, v)| k.len() + v.len() + 6).sum::<usize>();
+    let names_size = r
+        .node_names
+        .as_ref()
+        .map_or(4, |n| n.iter().map(|n| n.len() + 3).sum());
+    let size = 96
+        + names_size
+        + map_size(&r.failed_nodes)
+        + map_size(&r.failed_and_unresolvable_nodes)
+        + r.error.len();
+    let mut out = Vec::with_capacity(size);
+    out.extend_from_slice(b"{\"Nodes\":null,\"NodeNames\":");
+    match &r.node_names {
+        None => out.extend_from_slice(b"null"),
+        Some(names) => {
+            out.push(b'[');
+            for (i, n) in names.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                json_str(&mut out, n);
+            }
+            out.push(b']');
+        }
+    }
+    out.extend_from_slice(b",\"FailedNodes\":");
+    json_map(&mut out, &r.failed_nodes);
+    out.extend_from_slice(b",\"FailedAndUnresolvableNodes\":");
+    json_map(&mut out, &r.failed_and_unresolvable_nodes);
+    out.extend_from_slice(b",\"Error\":");
+    json_str(&mut out, &r.error);
+    out.push(b'}');
+    out
+}
+
+/// A map of strings as a JSON object, in the map's order.
+fn json_map(out: &mut Vec<u8>, m: &BTreeMap<String, String>) {
+    out.push(b'{');
+    for (i, (k, v)) in m.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        json_str(out, k);
+        out.push(b':');
+        json_str(out, v);
+    }
+    out.push(b'}');
+}
+
 /// `s` as a JSON string, escaped as serde_json escapes it.
 fn json_str(out: &mut Vec<u8>, s: &str) {
-    // serde_json escapes exactly the control characters, `"` and `\`; everything else,
-    // non-ASCII included, is written as it is.
-    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+    if !needs_escape(s.as_bytes()) {
         out.push(b'"');
         out.extend_from_slice(s.as_bytes());
         out.push(b'"');
@@ -128,6 +191,16 @@ fn json_str(out: &mut Vec<u8>, s: &str) {
         // Writing to a Vec cannot fail; an empty string keeps the JSON well formed regardless.
         out.extend_from_slice(b"\"\"");
     }
+}
+
+/// Whether serde_json would escape any byte of `s`: exactly the control characters, `"` and
+/// `\`; everything else, non-ASCII included, it writes as it is. A fold without an early exit,
+/// which the compiler vectorises (a third fewer instructions than `all` on node names, and
+/// fewer than checking eight bytes at a time by hand).
+fn needs_escape(s: &[u8]) -> bool {
+    s.iter().fold(false, |esc, &b| {
+        esc | (b < 0x20) | (b == b'"') | (b == b'\\')
+    })
 }
 
 /// `v` in decimal.
@@ -182,6 +255,34 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// The filter answer is what serde_json writes for it, in the names form and the
+        /// Nodes form, whatever the names and reasons.
+        #[test]
+        fn filter_answer_is_serde_jsons(
+            names in proptest::option::of(proptest::collection::vec(
+                proptest::prop_oneof!["[a-z0-9.-]{0,20}", proptest::prelude::any::<String>()],
+                0..10,
+            )),
+            failed in proptest::collection::btree_map(
+                proptest::prelude::any::<String>(), "[ -~\"\\\\\n\u{1}é]{0,30}", 0..5),
+            unresolvable in proptest::collection::btree_map(
+                "[a-z0-9.-]{1,20}", proptest::prelude::any::<String>(), 0..5),
+            error in proptest::prelude::any::<String>(),
+            nodes_form in proptest::prelude::any::<bool>(),
+        ) {
+            let r = ExtenderFilterResult {
+                nodes: nodes_form.then(|| List { items: vec![Node::default()], ..Default::default() }),
+                node_names: names.as_ref().map(|n| n.iter().map(|n| Cow::Borrowed(n.as_str())).collect()),
+                failed_nodes: failed,
+                failed_and_unresolvable_nodes: unresolvable,
+                error,
+            };
+            proptest::prop_assert_eq!(
+                String::from_utf8(filter_result_json(&r)).unwrap(),
+                String::from_utf8(serde_json::to_vec(&r).unwrap()).unwrap()
+            );
+        }
+
         /// The prioritize answer is what serde_json writes for it, whatever the names (quotes,
         /// backslashes, control characters, non-ASCII) and scores.
         #[test]
