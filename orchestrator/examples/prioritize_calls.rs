@@ -10,7 +10,10 @@
 //! ```
 //!
 //! Arguments: nodes (default 5,000) and calls (default 10); one warm-up call comes first, so
-//! callgrind counts `calls + 1` calls.
+//! callgrind counts `calls + 1` calls. With a third argument `pair`, each call is one pod as
+//! kube-scheduler sends it: `/filter` over all nodes, then `/prioritize` over those that passed,
+//! which may reuse the filter's ranking; count both verbs with
+//! `--toggle-collect='*prioritize_calls::filter_call*' --toggle-collect='*prioritize_calls::one_call*'`.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -42,6 +45,28 @@ fn one_call(extender: &Extender, body: &[u8]) -> usize {
     }
 }
 
+/// One `/filter` call as the route makes it; returns the answer.
+#[inline(never)]
+fn filter_call(extender: &Extender, body: &[u8]) -> Vec<u8> {
+    let args: ExtenderArgs = match serde_json::from_slice(body) {
+        Ok(a) => a,
+        Err(e) => panic!("fixture request does not parse: {e}"),
+    };
+    kudos_orchestrator::extender::types::filter_result_json(&extender.filter(args))
+}
+
+/// The `/prioritize` request kube-scheduler sends after `filter` answered `answer` for the pod
+/// of `body`: the nodes that passed, in the order of the answer.
+fn prioritize_after(body: &[u8], answer: &[u8]) -> Vec<u8> {
+    let (request, answer): (serde_json::Value, serde_json::Value) =
+        match (serde_json::from_slice(body), serde_json::from_slice(answer)) {
+            (Ok(r), Ok(a)) => (r, a),
+            _ => panic!("fixture request or filter answer does not parse"),
+        };
+    let next = serde_json::json!({"Pod": request["Pod"], "NodeNames": answer["NodeNames"]});
+    serde_json::to_vec(&next).unwrap_or_default()
+}
+
 fn main() {
     let (nodes, calls) = (arg(1, 5_000), arg(2, 10));
     let index = fixture::index(nodes);
@@ -49,9 +74,15 @@ fn main() {
     let bodies: Vec<Vec<u8>> = (0..=calls)
         .map(|i| fixture::body_for(&format!("train-{i}"), nodes))
         .collect();
+    let pairs = std::env::args().nth(3).as_deref() == Some("pair");
     let mut bytes = 0;
     for b in &bodies {
-        bytes = one_call(&extender, b);
+        bytes = if pairs {
+            let answer = filter_call(&extender, b);
+            answer.len() + one_call(&extender, &prioritize_after(b, &answer))
+        } else {
+            one_call(&extender, b)
+        };
     }
     println!("nodes {nodes} calls {} response {bytes} B", calls + 1);
 }

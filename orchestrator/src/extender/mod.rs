@@ -118,6 +118,9 @@ struct CachedFilter {
     at: std::time::Instant,
     generations: (u64, u64),
     explained: Arc<Explained>,
+    /// The nodes the filter let through, in the order it answered them (which is the order
+    /// kube-scheduler's prioritize sends them in), as indices into the ranking's entries.
+    passed: Vec<u32>,
 }
 
 /// How long a filter ranking may be reused.
@@ -289,8 +292,10 @@ impl Extender {
         (self.index.read().generation(), self.ledger.generation())
     }
 
-    /// The filter ranking of this pod, if prioritize may reuse it for `names`.
-    fn reusable(&self, facts: &PodFacts, names: &[Cow<str>]) -> Option<Arc<Explained>> {
+    /// The filter ranking of this pod and each of `names`' score in it, if prioritize may
+    /// reuse it: the same pod, nothing changed since, and `names` exactly the nodes the filter
+    /// let through, in the order it answered them (one string comparison per node, no map).
+    fn reusable(&self, facts: &PodFacts, names: &[Cow<str>]) -> Option<(Arc<Explained>, Vec<u8>)> {
         if facts.uid.is_empty() || facts.gang.is_some() {
             return None;
         }
@@ -298,14 +303,34 @@ impl Extender {
         let c = g.as_ref()?;
         let fresh = c.uid == facts.uid
             && c.at.elapsed() < REUSE_WINDOW
-            && c.generations == self.generations();
-        // Without a gang, the nodes that passed filter are exactly the ranking's entries.
+            && c.generations == self.generations()
+            && names.len() == c.passed.len();
+        if !fresh {
+            return None;
+        }
         let entries = &c.explained.ranking.entries;
-        let same_nodes = fresh && names.len() == entries.len() && {
-            let passed: FastSet<&str> = entries.iter().map(|e| e.node.as_str()).collect();
-            names.iter().all(|n| passed.contains(n.as_ref()))
-        };
-        same_nodes.then(|| c.explained.clone())
+        let in_order = names
+            .iter()
+            .zip(&c.passed)
+            .map(|(n, &e)| {
+                let entry = entries.get(e as usize)?;
+                (entry.node.as_str() == n.as_ref()).then_some(entry.score)
+            })
+            .collect::<Option<Vec<u8>>>();
+        // Another order of the same nodes (not kube-scheduler's, but a caller's): by name.
+        let scores = in_order.or_else(|| {
+            let by_name: crate::fasthash::FastMap<&str, u8> =
+                entries.iter().map(|e| (e.node.as_str(), e.score)).collect();
+            (by_name.len() == names.len())
+                .then(|| {
+                    names
+                        .iter()
+                        .map(|n| by_name.get(n.as_ref()).copied())
+                        .collect::<Option<Vec<u8>>>()
+                })
+                .flatten()
+        })?;
+        Some((c.explained.clone(), scores))
     }
 
     fn evaluate(
@@ -512,19 +537,21 @@ impl Extender {
                     .map(|r| (r.node.to_string(), r.reason.clone())),
             )
             .collect();
-        let mut passed: FastSet<&str> = ev
+        // Node → its entry in the ranking.
+        let mut passed: crate::fasthash::FastMap<&str, u32> = ev
             .explained
             .ranking
             .entries
             .iter()
-            .map(|e| e.node.as_str())
+            .enumerate()
+            .map(|(i, e)| (e.node.as_str(), i as u32))
             .collect();
         if let Some(err) = &ev.gang_error {
-            for n in passed.drain() {
+            for (n, _) in passed.drain() {
                 failed.insert(n.to_owned(), err.clone());
             }
         } else if let Some(slot) = &ev.gang_node {
-            passed.retain(|n| {
+            passed.retain(|n, _| {
                 let keep = *n == slot.as_str();
                 if !keep {
                     failed.insert(
@@ -539,7 +566,7 @@ impl Extender {
             });
         }
         for n in &names {
-            if !passed.contains(n.as_ref())
+            if !passed.contains_key(n.as_ref())
                 && !failed.contains_key(n.as_ref())
                 && !unresolvable.contains_key(n.as_ref())
             {
@@ -555,6 +582,11 @@ impl Extender {
         {
             events.ranked(&facts, &ev.explained);
         }
+        // Each candidate's entry if it passed, looked up once for the answer and the cache.
+        let answered: Vec<Option<u32>> = names
+            .iter()
+            .map(|n| passed.get(n.as_ref()).copied())
+            .collect();
         if facts.gang.is_none()
             && !facts.uid.is_empty()
             && let Ok(mut g) = self.last_filter.0.lock()
@@ -564,15 +596,25 @@ impl Extender {
                 at: std::time::Instant::now(),
                 generations: gens,
                 explained: ev.explained.clone(),
+                passed: answered.iter().flatten().copied().collect(),
             });
         }
-        let keep = |n: &str| passed.contains(n);
         let nodes = args.nodes.map(|mut l| {
-            l.items
-                .retain(|n| n.metadata.name.as_deref().is_some_and(keep));
+            l.items.retain(|n| {
+                n.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| passed.contains_key(n))
+            });
             l
         });
-        let node_names = names_form.then(|| names.into_iter().filter(|n| keep(n)).collect());
+        let node_names = names_form.then(|| {
+            names
+                .into_iter()
+                .zip(&answered)
+                .filter_map(|(n, a)| a.map(|_| n))
+                .collect()
+        });
         ExtenderFilterResult {
             nodes,
             node_names,
@@ -599,16 +641,22 @@ impl Extender {
         }
         let span = tracing::debug_span!("prioritize", pod = %format!("{}/{}", facts.namespace, facts.name), class = facts.class.as_deref().unwrap_or(""), nodes = names.len());
         let _g = span.enter();
-        let (explained, gang_node) = match self.reusable(&facts, &names) {
-            Some(e) => {
-                tracing::debug!("reusing the filter ranking");
-                (e, None)
+        if let Some((explained, scores)) = self.reusable(&facts, &names) {
+            tracing::debug!("reusing the filter ranking");
+            if let Some(events) = &self.events {
+                events.ranked(&facts, &explained);
             }
-            None => {
-                let ev = self.evaluate("prioritize", &args, &facts, &names);
-                (ev.explained, ev.gang_node)
-            }
-        };
+            return Ok(names
+                .into_iter()
+                .zip(scores)
+                .map(|(host, score)| HostPriority {
+                    host,
+                    score: i64::from(score.min(10)),
+                })
+                .collect());
+        }
+        let ev = self.evaluate("prioritize", &args, &facts, &names);
+        let (explained, gang_node) = (ev.explained, ev.gang_node);
         if let Some(events) = &self.events {
             events.ranked(&facts, &explained);
         }
