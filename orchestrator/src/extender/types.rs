@@ -54,9 +54,63 @@ impl<'de> Deserialize<'de> for Name<'de> {
     }
 }
 
+/// `NodeNames`: at 5,000 nodes the list is most of the request, parsed twice per pod (filter,
+/// prioritize). serde_json checks the whole value once (`RawValue`); then a list of plain
+/// strings, as kube-scheduler sends it, is split at its quotes without decoding each name
+/// again. A list with an escape in it is decoded by serde_json.
 fn borrowed_names<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Cow<'de, str>>>, D::Error> {
-    let names = Option::<Vec<Name<'de>>>::deserialize(d)?;
-    Ok(names.map(|v| v.into_iter().map(|n| n.0).collect()))
+    let Some(raw) = Option::<&'de serde_json::value::RawValue>::deserialize(d)? else {
+        return Ok(None);
+    };
+    let raw = raw.get();
+    if let Some(names) = plain_names(raw) {
+        return Ok(Some(names));
+    }
+    let names: Vec<Name<'de>> = serde_json::from_str(raw).map_err(serde::de::Error::custom)?;
+    Ok(Some(names.into_iter().map(|n| n.0).collect()))
+}
+
+/// The strings of `json`, a JSON array already known to be valid, if it holds only strings
+/// without escapes; else `None`.
+fn plain_names(json: &str) -> Option<Vec<Cow<'_, str>>> {
+    let b = json.as_bytes();
+    let skip_ws = |mut i: usize| {
+        while b
+            .get(i)
+            .is_some_and(|c| matches!(c, b' ' | b'\t' | b'\n' | b'\r'))
+        {
+            i += 1;
+        }
+        i
+    };
+    let mut i = skip_ws(0);
+    if b.get(i) != Some(&b'[') {
+        return None;
+    }
+    i = skip_ws(i + 1);
+    let mut names = Vec::with_capacity(memchr::memchr_iter(b'"', b).count() / 2);
+    if b.get(i) == Some(&b']') {
+        return (skip_ws(i + 1) == b.len()).then_some(names);
+    }
+    loop {
+        if b.get(i) != Some(&b'"') {
+            return None;
+        }
+        let start = i + 1;
+        // (Measured: faster than a plain loop or one memchr pass over the whole list.)
+        let end = start + memchr::memchr2(b'"', b'\\', b.get(start..)?)?;
+        if b[end] != b'"' {
+            return None;
+        }
+        // Both ends are ASCII quotes, so char boundaries.
+        names.push(Cow::Borrowed(json.get(start..end)?));
+        i = skip_ws(end + 1);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(i + 1),
+            Some(b']') => return (skip_ws(i + 1) == b.len()).then_some(names),
+            _ => return None,
+        }
+    }
 }
 
 /// `ExtenderFilterResult`.
@@ -241,6 +295,50 @@ pub struct ExtenderBindingResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// NodeNames come out as serde_json decodes them, whatever the names (escapes, quotes,
+        /// non-ASCII) and the whitespace around them; a list that is not one of strings is
+        /// refused.
+        #[test]
+        fn node_names_decode_as_serde_json_does(
+            names in proptest::collection::vec(
+                proptest::prop_oneof!["[a-z0-9.-]{0,20}", proptest::prelude::any::<String>()],
+                0..12,
+            ),
+            ws in proptest::collection::vec("[ \t\r\n]{0,2}", 40),
+        ) {
+            let mut list = String::from("[");
+            for (i, n) in names.iter().enumerate() {
+                if i > 0 {
+                    list.push(',');
+                }
+                list.push_str(&ws[i % ws.len()]);
+                list.push_str(&serde_json::to_string(n).unwrap());
+                list.push_str(&ws[(i + 7) % ws.len()]);
+            }
+            list.push(']');
+            let body = format!(r#"{{"NodeNames":{}{list}{} }}"#, ws[0], ws[1]);
+            let args: ExtenderArgs = serde_json::from_str(&body).unwrap();
+            let got: Vec<String> = args.node_names.unwrap().into_iter().map(Cow::into_owned).collect();
+            proptest::prop_assert_eq!(got, names);
+        }
+    }
+
+    #[test]
+    fn node_names_that_are_not_strings_are_refused() {
+        for bad in [
+            r#"{"NodeNames": [1]}"#,
+            r#"{"NodeNames": ["a", 2]}"#,
+            r#"{"NodeNames": {"a": 1}}"#,
+            r#"{"NodeNames": "a"}"#,
+            r#"{"NodeNames": ["a" "b"]}"#,
+        ] {
+            assert!(serde_json::from_str::<ExtenderArgs>(bad).is_err(), "{bad}");
+        }
+        let ok: ExtenderArgs = serde_json::from_str(r#"{"NodeNames": [ ]}"#).unwrap();
+        assert_eq!(ok.node_names, Some(vec![]));
+    }
 
     /// Names are borrowed from the body; an escaped one is decoded into an owned copy.
     #[test]
