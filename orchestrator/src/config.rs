@@ -152,7 +152,7 @@ pub enum StoreKind {
     /// Embedded redb file (default): the binary runs with no cluster.
     #[default]
     File,
-    /// A ConfigMap in the cluster, so a standby replica can take over.
+    /// A ConfigMap in the cluster, so another replica can follow it and take over.
     ConfigMap,
 }
 

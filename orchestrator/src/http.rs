@@ -46,6 +46,9 @@ pub struct HttpState {
     pub access: crate::access::AccessPolicy,
     /// The scheduler the admission webhook gives GPU pods; `None`: no webhook route.
     pub pod_scheduler_name: Option<String>,
+    /// What `/readyz` says of this replica's role (a follower names the leader); `ok` while
+    /// empty.
+    pub role: Arc<parking_lot::RwLock<String>>,
 }
 
 impl HttpState {
@@ -61,6 +64,7 @@ impl HttpState {
             )),
             access: crate::access::AccessPolicy::default(),
             pod_scheduler_name: None,
+            role: Arc::default(),
         }
     }
 }
@@ -253,7 +257,7 @@ async fn healthz(State(s): St) -> Result<&'static str, AppError> {
 
 /// Readiness: the index synced and answers reads. Checked without the index lock, so a
 /// stuck writer cannot also stall the probe.
-async fn readyz(State(s): St) -> Result<&'static str, AppError> {
+async fn readyz(State(s): St) -> Result<String, AppError> {
     if let Some(d) = s.watchdog.stalled_for() {
         return Err(AppError::Stalled(d.as_secs_f64()));
     }
@@ -266,7 +270,14 @@ async fn readyz(State(s): St) -> Result<&'static str, AppError> {
     .await
     .map_err(|e| AppError::Internal(e.to_string()))?;
     match synced {
-        Some(true) => Ok("ok"),
+        Some(true) => {
+            let role = s.role.read();
+            Ok(if role.is_empty() {
+                "ok".to_owned()
+            } else {
+                role.clone()
+            })
+        }
         Some(false) => Err(AppError::NotReady),
         None => Err(AppError::Stalled(
             crate::health::DEFAULT_STALL_AFTER.as_secs_f64(),

@@ -1,24 +1,25 @@
-//! Leader election over a `coordination.k8s.io/v1` Lease, so several replicas can run and one
-//! serves.
+//! Leader election over a `coordination.k8s.io/v1` Lease, so several replicas can run: every
+//! replica answers the extender, the holder of the Lease alone writes.
 //!
-//! Active/standby: a replica that does not hold the Lease serves only `/healthz` and `/readyz`
-//! (both 200, the body naming the leader: a standby is healthy spare capacity, and a rolling
-//! update must be able to count it available). The leader labels its own pod
-//! `kudos.dev/role=leader` and the chart's Service selects that label, so kube-scheduler,
-//! device plugins and node agents reach the leader alone; a standby removes the label from its
-//! pod before anything else (a restarted container keeps its pod's labels), and the leader
-//! removes it before it releases or after it loses the Lease. The leader's in-memory parts (gang reservations, recent
-//! rankings that `bind` checks) therefore live in one process, and the shared state is the
-//! ConfigMap store: every acknowledged report is in it before the ack, so the replica that
-//! takes over loads all of them.
+//! Leader and followers: a replica that does not hold the Lease follows the shared state (see
+//! [`crate::follow`]) and answers `filter`, `prioritize` and `bind` from it; `/readyz` names the
+//! leader. The leader also serves gRPC (run and plugin reports), writes the ConfigMap store,
+//! rolls out and prunes, and labels its own pod `kudos.dev/role=leader`: the chart's Service
+//! for device plugins and node agents selects that label, while its extender Service selects
+//! every ready replica (with client-IP affinity, so one kube-scheduler's calls for a pod reach
+//! one replica, whose gang reservations and recent rankings `bind` checks). A follower removes
+//! the label from its pod before anything else (a restarted container keeps its pod's
+//! labels), and the leader removes it before it releases or after it loses the Lease. Every
+//! acknowledged report is in the store before the ack, so the follower that takes over has all
+//! of them.
 //!
 //! The algorithm is client-go's: a candidate takes the Lease when nobody holds it, or when the
 //! holder's record has not changed for `lease_duration` as measured by the candidate's own
 //! clock (no clock comparison across machines); writes are compare-and-swap on
 //! `resourceVersion`. The leader renews every `retry_period` and steps down (the process exits,
-//! so its restart rejoins as a standby) when it could not renew for `renew_deadline`, which is
-//! shorter than `lease_duration`, so it has stopped serving before anyone else may take over.
-//! On shutdown the leader releases the Lease and a standby takes over within one
+//! so its restart rejoins as a follower) when it could not renew for `renew_deadline`, which is
+//! shorter than `lease_duration`, so it has stopped writing before anyone else may take over.
+//! On shutdown the leader releases the Lease and a follower takes over within one
 //! `retry_period`.
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -109,7 +110,7 @@ impl PodRole {
 
     /// Removes the label, logging a failure (the Service would keep sending here until the
     /// pod is gone or restarted).
-    async fn clear(&self) {
+    pub async fn clear(&self) {
         if let Err(e) = self.set(false).await {
             tracing::warn!(error = %e, "cannot remove the kudos.dev/role=leader label from this pod");
         }
@@ -136,7 +137,7 @@ impl Leadership {
         *self.lost.borrow()
     }
 
-    /// Stops renewing and, if still held, releases the Lease so a standby takes over at once.
+    /// Stops renewing and, if still held, releases the Lease so a follower takes over at once.
     pub async fn release(self) {
         let _ = self.stop.send(true);
         let _ = self.task.await;
@@ -159,7 +160,7 @@ enum Attempt {
 
 /// Waits until this replica holds the Lease; `waiting` is called with the holder's identity
 /// whenever it changes (for `/readyz` and logs). Errors of the API server are logged and
-/// retried: a standby waits out an API outage.
+/// retried: a follower waits out an API outage.
 pub async fn acquire(
     api: Api<Lease>,
     cfg: ElectionConfig,
@@ -173,7 +174,7 @@ pub async fn acquire(
             Ok(Attempt::Held) => break,
             Ok(Attempt::HeldBy(h)) => {
                 if h != last_holder {
-                    tracing::info!(lease = %cfg.lease_name, holder = %h, "standby: another replica leads");
+                    tracing::info!(lease = %cfg.lease_name, holder = %h, "follower: another replica leads");
                     waiting(&h);
                     last_holder = h;
                 }
@@ -316,14 +317,14 @@ async fn attempt(
     }
 }
 
-/// Gives the Lease up if this replica still holds it: no holder, so a standby takes it on its
+/// Gives the Lease up if this replica still holds it: no holder, so a follower takes it on its
 /// next try instead of waiting `lease_duration`.
 async fn release(api: &Api<Lease>, cfg: &ElectionConfig) {
     let lease = match api.get_opt(&cfg.lease_name).await {
         Ok(Some(l)) => l,
         Ok(None) => return,
         Err(e) => {
-            tracing::warn!(error = %e, "cannot release the leader Lease; a standby takes over when it expires");
+            tracing::warn!(error = %e, "cannot release the leader Lease; a follower takes over when it expires");
             return;
         }
     };
@@ -345,7 +346,7 @@ async fn release(api: &Api<Lease>, cfg: &ElectionConfig) {
     {
         Ok(_) => tracing::info!(lease = %cfg.lease_name, "released the leader Lease"),
         Err(e) => {
-            tracing::warn!(error = %e, "cannot release the leader Lease; a standby takes over when it expires")
+            tracing::warn!(error = %e, "cannot release the leader Lease; a follower takes over when it expires")
         }
     }
 }
@@ -456,88 +457,47 @@ pub fn resolve(
     }))
 }
 
-// === standby ===
+// === the election a replica takes part in ===
 
-/// Waits as a standby until this replica holds the Lease, then labels its pod the leader.
-/// Meanwhile the HTTP port answers `/healthz` and `/readyz` (200, naming the leader) and 503
-/// for anything else. The port is free again when this returns, for the real servers.
-pub async fn standby_until_leader(
-    http_listen: std::net::SocketAddr,
-    client: kube::Client,
-    cfg: ElectionConfig,
-) -> anyhow::Result<Leadership> {
-    use anyhow::Context;
-    use axum::http::StatusCode;
-    let role = PodRole::from_env(client.clone());
-    role.clear().await;
-    let holder = std::sync::Arc::new(parking_lot::Mutex::new(String::from("(unknown yet)")));
-    let lease = format!("{}/{}", cfg.namespace, cfg.lease_name);
-    let status = {
-        let holder = holder.clone();
-        move || {
-            format!(
-                "standby: replica {} leads (Lease {lease}); this one takes over when it stops",
-                holder.lock()
+/// What a replica needs to take part: the Lease, the timings and its pod's label.
+pub struct Election {
+    /// The Lease's API (its namespace).
+    pub api: Api<Lease>,
+    /// Names and timings.
+    pub config: ElectionConfig,
+    /// This replica's pod label.
+    pub role: PodRole,
+}
+
+impl Election {
+    /// The election of `config` through `client`, with this process's pod from the
+    /// environment.
+    pub fn new(client: kube::Client, config: ElectionConfig) -> Self {
+        Self {
+            api: Api::namespaced(client.clone(), &config.namespace),
+            role: PodRole::from_env(client),
+            config,
+        }
+    }
+
+    /// Labels this replica's pod the leader, trying four times `retry_period` apart.
+    pub async fn label_leader(&self) -> anyhow::Result<()> {
+        let mut labelled = self.role.set(true).await;
+        for _ in 0..3 {
+            if labelled.is_ok() {
+                break;
+            }
+            tokio::time::sleep(self.config.retry_period).await;
+            labelled = self.role.set(true).await;
+        }
+        labelled.map_err(|e| {
+            anyhow::anyhow!(
+                "cannot label this pod {}={} (needs pods patch in its namespace): {e}",
+                kudos_api::labels::ORCHESTRATOR_ROLE,
+                kudos_api::labels::ROLE_LEADER
             )
-        }
-    };
-    let ok = {
-        let status = status.clone();
-        move || {
-            let msg = status();
-            async move { msg }
-        }
-    };
-    let refuse = move || {
-        let msg = status();
-        async move { (StatusCode::SERVICE_UNAVAILABLE, msg) }
-    };
-    let app = axum::Router::new()
-        .route("/healthz", axum::routing::get(ok.clone()))
-        .route("/readyz", axum::routing::get(ok))
-        .fallback(refuse);
-    let listener = tokio::net::TcpListener::bind(http_listen)
-        .await
-        .with_context(|| format!("binding HTTP {http_listen}"))?;
-    tracing::info!(addr = %http_listen, lease = %cfg.lease_name, identity = %cfg.identity, "standby until this replica holds the leader Lease");
-    let (stop, mut stopped) = watch::channel(false);
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            })
-            .await
-    });
-    let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
-    let leadership = acquire(api, cfg.clone(), role.clone(), |h| {
-        *holder.lock() = h.to_owned()
-    })
-    .await;
-    let _ = stop.send(true);
-    match server.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "the standby HTTP server ended with an error"),
-        Err(e) => tracing::warn!(error = %e, "the standby HTTP server task failed"),
+        })
     }
-    // Without the label no Service sends anything here: give the Lease back rather than
-    // lead unreachable.
-    let mut labelled = role.set(true).await;
-    for _ in 0..3 {
-        if labelled.is_ok() {
-            break;
-        }
-        tokio::time::sleep(cfg.retry_period).await;
-        labelled = role.set(true).await;
-    }
-    if let Err(e) = labelled {
-        leadership.release().await;
-        anyhow::bail!(
-            "cannot label this pod {}={} (needs pods patch in its namespace): {e}",
-            kudos_api::labels::ORCHESTRATOR_ROLE,
-            kudos_api::labels::ROLE_LEADER
-        );
-    }
-    Ok(leadership)
 }
 
 #[cfg(test)]

@@ -120,7 +120,7 @@ pub struct Learner {
 impl Learner {
     /// Starts the learner with a working copy of the index's model.
     pub fn spawn(index: SharedIndex, metrics: Arc<Metrics>, hook: Option<LearnHook>) -> Self {
-        Self::start(index, metrics, hook, Vec::new())
+        Self::start(index, metrics, hook, Vec::new()).0
     }
 
     /// Starts the learner, which first learns `backlog` (stored runs the index's model does
@@ -131,6 +131,18 @@ impl Learner {
         metrics: Arc<Metrics>,
         backlog: Vec<StoredRun>,
     ) -> Self {
+        Self::start(index, metrics, None, backlog).0
+    }
+
+    /// As [`Learner::spawn_with_backlog`], and the learner's task: it ends once every clone of
+    /// the `Learner` is dropped, after publishing what it learned. A follower stops its
+    /// learner this way before it replaces the model with a snapshot, so that nothing learned
+    /// on the old model is published over the new one.
+    pub fn spawn_joinable(
+        index: SharedIndex,
+        metrics: Arc<Metrics>,
+        backlog: Vec<StoredRun>,
+    ) -> (Self, tokio::task::JoinHandle<()>) {
         Self::start(index, metrics, None, backlog)
     }
 
@@ -139,14 +151,14 @@ impl Learner {
         metrics: Arc<Metrics>,
         hook: Option<LearnHook>,
         backlog: Vec<StoredRun>,
-    ) -> Self {
+    ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(LEARN_QUEUE);
         let working = Scheduler::clone(&index.read().model());
-        tokio::spawn(
+        let task = tokio::spawn(
             learn_loop(index, rx, working, metrics, hook, backlog)
                 .instrument(tracing::info_span!("learner")),
         );
-        Self { tx }
+        (Self { tx }, task)
     }
 
     /// Queues a stored run, in `seq` order; waits while the queue is full.

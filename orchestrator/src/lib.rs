@@ -29,6 +29,7 @@ pub mod extender;
 mod fake_api;
 pub mod fasthash;
 mod fifo;
+pub mod follow;
 pub mod grpc;
 pub mod health;
 pub mod http;
@@ -42,6 +43,7 @@ pub mod publish;
 pub mod quantity;
 mod review_cache;
 pub mod rollout;
+mod security;
 pub mod state;
 pub mod status;
 pub mod store;
@@ -130,9 +132,9 @@ pub struct Args {
     /// of pushing images and applying; implies --rollout [file: rollout.dryRun; default false].
     #[arg(long, env = "KUDOS_DRY_RUN_ROLLOUT", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub dry_run_rollout: Option<bool>,
-    /// Run as one of several replicas: the holder of a Lease serves, the others wait as
-    /// standbys (answering only their probes) and take over when it stops; needs the ConfigMap store
-    /// [file: leaderElection.enabled; default false].
+    /// Run as one of several replicas: all answer the extender; the holder of a Lease also takes
+    /// reports over gRPC and writes the state, the others follow that state and take over when
+    /// it stops; needs the ConfigMap store [file: leaderElection.enabled; default false].
     #[arg(long, env = "KUDOS_LEADER_ELECT", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub leader_elect: Option<bool>,
     /// Logging.
@@ -247,34 +249,6 @@ async fn open_store(
     })
 }
 
-fn authenticator(
-    s: &Settings,
-    client: Option<&kube::Client>,
-) -> anyhow::Result<Arc<dyn auth::Authenticator>> {
-    Ok(match s.auth_mode {
-        AuthMode::Static => {
-            let path = s
-                .static_tokens_file
-                .as_ref()
-                .context("--static-tokens-file is required with --auth static")?;
-            Arc::new(auth::StaticAuthenticator::from_file(path)?)
-        }
-        AuthMode::TokenReview => {
-            let Some(client) = client else {
-                let why = "standalone mode has no TokenReview; start with --auth static --static-tokens-file to accept gRPC callers";
-                tracing::warn!("{why}; every gRPC call is refused");
-                return Ok(Arc::new(auth::DenyAll(why.into())));
-            };
-            Arc::new(auth::TokenReviewAuthenticator::new(
-                client.clone(),
-                s.audiences.clone(),
-                s.allowed_users.clone(),
-                s.auth_cache,
-            ))
-        }
-    })
-}
-
 /// Rebuilds the index from loaded state: the plugin configuration and the model snapshot.
 /// Returns it with the runs accepted after the snapshot, in order, for the learner to learn
 /// once the process serves ([`learn::Learner::spawn_with_backlog`]): readiness does not wait
@@ -345,67 +319,6 @@ async fn snapshot(index: &index::SharedIndex, store: &dyn store::Store, saved: &
     }
 }
 
-/// A TLS server for `files` offering `alpn`, re-reading them every `every`.
-fn start_tls(
-    files: &tls::TlsFiles,
-    alpn: &[u8],
-    every: Duration,
-) -> anyhow::Result<Arc<tls::TlsServer>> {
-    let server = Arc::new(
-        tls::TlsServer::load_with_alpn(files.clone(), vec![alpn.to_vec()])
-            .with_context(|| format!("loading the TLS certificate {}", files.cert.display()))?,
-    );
-    let protocol = String::from_utf8_lossy(alpn).into_owned();
-    tokio::spawn(
-        server
-            .clone()
-            .watch(every)
-            .instrument(tracing::info_span!("tls_reload", protocol)),
-    );
-    Ok(server)
-}
-
-/// The HTTP listener's TLS server (its reload task started) and access policy, from the
-/// settings; says loudly what is left open.
-fn http_security(
-    s: &Settings,
-    client: Option<&kube::Client>,
-) -> anyhow::Result<(Option<Arc<tls::TlsServer>>, access::AccessPolicy)> {
-    let tls = s
-        .tls
-        .as_ref()
-        .map(|files| start_tls(files, b"http/1.1", s.tls_reload_interval))
-        .transpose()?;
-    let extender = match s.extender_access {
-        config::ExtenderAccessMode::ClientCertificate => {
-            access::ExtenderAccess::ClientCertificate {
-                names: s.extender_client_names.clone(),
-            }
-        }
-        config::ExtenderAccessMode::Open => {
-            tracing::warn!(
-                "extender verbs (bind included) are open to anyone who reaches the HTTP port; set tls.clientCAFile to require kube-scheduler's client certificate"
-            );
-            access::ExtenderAccess::Open
-        }
-    };
-    let read = match (s.read_access, client) {
-        (config::ReadAccessMode::Kubernetes, Some(c)) => access::ReadAccess::Kubernetes(Arc::new(
-            access::KubeReadAuthorizer::new(c.clone(), s.access_cache),
-        )),
-        (config::ReadAccessMode::Kubernetes, None) => anyhow::bail!(
-            "access.read: kubernetes needs an API server for TokenReview and SubjectAccessReview, and this orchestrator runs standalone"
-        ),
-        (config::ReadAccessMode::Open, _) => {
-            tracing::warn!(
-                "/state, /explain, /status and /metrics are open to anyone who reaches the HTTP port; set access.read: kubernetes"
-            );
-            access::ReadAccess::Open
-        }
-    };
-    Ok((tls, access::AccessPolicy { extender, read }))
-}
-
 /// Runs until SIGTERM/SIGINT, then drains.
 pub async fn run(s: Settings) -> anyhow::Result<()> {
     // kube's rustls needs a process-wide provider; ring is the one this workspace builds.
@@ -415,22 +328,42 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         .context("invalid `scheduler` section of the config")?;
     let client = kube_client(&s).await?;
     let cluster = client.is_some();
-    // With leader election, everything below (the store, the servers, the rollout) starts
-    // only once this replica leads.
-    let mut leadership = match (&s.leader_election, &client) {
-        (Some(cfg), Some(c)) => {
-            Some(leader::standby_until_leader(s.http_listen, c.clone(), cfg.clone()).await?)
-        }
+    let shutdown = kudos_common::shutdown_signal();
+    tokio::pin!(shutdown);
+    // With leader election every replica serves the extender; until it leads, a replica
+    // reads the store and writes nothing (see `follow`).
+    let election = match (&s.leader_election, &client) {
+        (Some(cfg), Some(c)) => Some(leader::Election::new(c.clone(), cfg.clone())),
         (Some(_), None) => anyhow::bail!(
             "leader election is on but there is no cluster (standalone mode): run one replica without --leader-elect, or give it a kubeconfig"
         ),
         (None, _) => None,
     };
     let metrics = Arc::new(metrics::Metrics::new());
-    let (store, loaded) = open_store(&s, client.as_ref(), &metrics).await?;
-    let auth = authenticator(&s, client.as_ref())?;
+    let (store, loaded, followed) = match (&election, &client) {
+        (Some(e), Some(c)) => {
+            // A restarted container keeps its pod's labels: no Service may send a follower
+            // what only the leader answers.
+            e.role.clear().await;
+            let cm = Arc::new(store_k8s::ConfigMapStore::new(
+                c.clone(),
+                &s.store_namespace,
+                &s.store_name,
+            ));
+            let loaded = tokio::select! {
+                l = follow::load_read_only(&cm, e.config.retry_period) => l,
+                () = &mut shutdown => return Ok(()),
+            };
+            let store: Arc<dyn store::Store> = cm.clone();
+            (store, loaded, Some(cm))
+        }
+        _ => {
+            let (store, loaded) = open_store(&s, client.as_ref(), &metrics).await?;
+            (store, loaded, None)
+        }
+    };
+    let auth = security::authenticator(&s, client.as_ref())?;
     let (idx, backlog) = restore(&s, loaded, cluster)?;
-    let mut saved_seq = idx.applied_seq();
     metrics
         .plugin_generation
         .set(idx.plugin_config().generation as i64);
@@ -453,13 +386,6 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         }
     }
     let (drain_tx, drain_rx) = tokio_watch::channel(false);
-    if let (Some(c), Some(every)) = (&client, s.publish_interval) {
-        tokio::spawn(
-            publish::Publisher::new(c.clone(), index.clone())
-                .run(every)
-                .instrument(tracing::info_span!("publish")),
-        );
-    }
 
     let binder: Arc<dyn extender::bind::Binder> = match &client {
         Some(c) => Arc::new(extender::bind::KubeBinder::new(c.clone())),
@@ -478,11 +404,17 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
             .filter(|_| s.pod_events)
             .map(events::PodEvents::spawn),
     };
-    let (tls, access) = http_security(&s, client.as_ref())?;
+    let (tls, access) = security::http_security(&s, client.as_ref())?;
+    // A replica in an election is a follower until it takes the Lease.
+    let role_text = Arc::new(parking_lot::RwLock::new(match &election {
+        Some(_) => "follower: no leader seen yet".to_owned(),
+        None => String::new(),
+    }));
     let http_state = Arc::new(http::HttpState {
         watchdog,
         access,
         pod_scheduler_name: s.pod_scheduler_name.clone(),
+        role: role_text.clone(),
         ..http::HttpState::new(extender, index.clone(), metrics.clone())
     });
     let limits = http::HttpLimits {
@@ -516,6 +448,56 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         .instrument(tracing::info_span!("http")),
     );
 
+    // The learner, and the Lease when elected: a follower until then.
+    let (learner, mut leadership) = match (election, followed) {
+        (Some(election), Some(cm)) => {
+            let follower = follow::Follower::new(
+                cm,
+                index.clone(),
+                metrics.clone(),
+                s.scheduler.clone(),
+                backlog,
+            );
+            let led = follow::until_leader(
+                follower,
+                &s.store_name,
+                &election,
+                role_text.clone(),
+                shutdown.as_mut(),
+            )
+            .await?;
+            let Some((follower, leadership)) = led else {
+                tracing::info!("draining (a follower: nothing to save)");
+                let _ = drain_tx.send(true);
+                let _ = tokio::time::timeout(DRAIN_TIMEOUT, http_task).await;
+                return Ok(());
+            };
+            let loaded = match follow::load_as_leader(&*store, election.config.retry_period).await {
+                Ok(l) => l,
+                Err(e) => {
+                    leadership.release().await;
+                    return Err(e.context("loading the state as the new leader"));
+                }
+            };
+            (
+                follower.take_over(loaded).await,
+                Some((leadership, election)),
+            )
+        }
+        _ => (
+            learn::Learner::spawn_with_backlog(index.clone(), metrics.clone(), backlog),
+            None,
+        ),
+    };
+    let mut saved_seq = index.read().applied_seq();
+    if let (Some(c), Some(every)) = (&client, s.publish_interval) {
+        tokio::spawn(
+            publish::Publisher::new(c.clone(), index.clone())
+                .run(every)
+                .instrument(tracing::info_span!("publish")),
+        );
+    }
+
     let ingest = Arc::new(grpc::Ingest {
         index: index.clone(),
         store: store.clone(),
@@ -524,10 +506,7 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         unified: s.unified_resource_name.clone(),
         heartbeat_max_age: s.heartbeat_max_age_seconds,
         lock: tokio::sync::Mutex::new(()),
-        runs: learn::RunWriter::spawn(
-            store.clone(),
-            learn::Learner::spawn_with_backlog(index.clone(), metrics.clone(), backlog),
-        ),
+        runs: learn::RunWriter::spawn(store.clone(), learner),
         draining: drain_rx.clone(),
         // Rollout subscribes here (rollout::start) when enabled.
         plugin_updates: tokio_watch::Sender::new(index.read().plugin_config().clone()),
@@ -561,7 +540,7 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
     // The device plugins' and node agents' bearer tokens cross this listener: TLS whenever a
     // certificate is configured.
     let grpc_tls = match &s.tls {
-        Some(files) => Some(start_tls(files, b"h2", s.tls_reload_interval)?),
+        Some(files) => Some(security::start_tls(files, b"h2", s.tls_reload_interval)?),
         None => {
             tracing::warn!(
                 "gRPC is plain HTTP/2: device plugins' and node agents' bearer tokens cross the network in the clear; set tls.certFile and tls.keyFile"
@@ -590,14 +569,23 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
             .instrument(tracing::info_span!("grpc")),
     );
 
+    if let Some((l, election)) = leadership.take() {
+        // The Service sends gRPC (and the admission webhook) to the labelled pod alone: label
+        // it once the gRPC port listens; without the label nothing would reach this leader,
+        // so it gives the Lease back instead.
+        if let Err(e) = election.label_leader().await {
+            l.release().await;
+            return Err(e);
+        }
+        *role_text.write() = String::new();
+        leadership = Some((l, election));
+    }
     let mut tick = tokio::time::interval(s.snapshot_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let shutdown = kudos_common::shutdown_signal();
-    tokio::pin!(shutdown);
     {
         let lost = async {
             match leadership.as_mut() {
-                Some(l) => l.lost().await,
+                Some((l, _)) => l.lost().await,
                 None => std::future::pending().await,
             }
         };
@@ -629,14 +617,14 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         }
         Err(_) => tracing::warn!("servers did not drain within {DRAIN_TIMEOUT:?}; stopping anyway"),
     }
-    if leadership.as_ref().is_some_and(leader::Leadership::is_lost) {
+    if leadership.as_ref().is_some_and(|(l, _)| l.is_lost()) {
         // Another replica may lead already: no last snapshot from here.
         anyhow::bail!(
-            "lost the leader Lease; exiting so that the restarted process rejoins as a standby"
+            "lost the leader Lease; exiting so that the restarted process rejoins as a follower"
         );
     }
     snapshot(&index, &*store, &mut saved_seq).await;
-    if let Some(l) = leadership {
+    if let Some((l, _)) = leadership {
         l.release().await;
     }
     tracing::info!("stopped");

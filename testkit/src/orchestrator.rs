@@ -81,9 +81,9 @@ impl Orchestrator {
         Ok(orch)
     }
 
-    /// Starts a replica that is expected to wait as a leader-election standby (`opts.extra`
+    /// Starts a replica that is expected to start as a leader-election follower (`opts.extra`
     /// has `--leader-elect`): returns once `/healthz` answers, whether or not it leads.
-    pub async fn start_standby(dir: &Path, opts: &OrchestratorOptions) -> Result<Self> {
+    pub async fn start_follower(dir: &Path, opts: &OrchestratorOptions) -> Result<Self> {
         let mut orch = Self::spawn(dir, opts)?;
         let addr = orch.http_addr.clone();
         orch.proc
@@ -95,7 +95,18 @@ impl Orchestrator {
         Ok(orch)
     }
 
-    /// Waits until `/readyz` answers 200 and the gRPC port takes connections (a standby:
+    /// Waits until `/readyz` answers 200: the extender answers (a follower's too).
+    pub async fn wait_ready_http(&mut self, timeout: Duration) -> Result<()> {
+        let http_addr = self.http_addr.clone();
+        self.proc
+            .wait_ready("/readyz", timeout, async || {
+                let r = http::request("GET", &http_addr, "/readyz", None).ok()?;
+                (r.status == 200).then_some(())
+            })
+            .await
+    }
+
+    /// Waits until `/readyz` answers 200 and the gRPC port takes connections (a follower:
     /// until it leads).
     pub async fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
         let (http_addr, grpc_addr) = (self.http_addr.clone(), self.grpc_addr.clone());

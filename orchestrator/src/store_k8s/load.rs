@@ -4,13 +4,24 @@
 use super::*;
 
 impl ConfigMapStore {
-    pub(super) async fn load_inner(&self) -> Result<(Inner, Loaded), StoreError> {
+    /// Reads the state without writing anything: what a follower replica does, since the
+    /// leader alone converts the first format and deletes what a snapshot made obsolete.
+    pub async fn load_read_only(&self) -> Result<Loaded, StoreError> {
+        Ok(self.load_inner(Access::Read).await?.1)
+    }
+
+    pub(super) async fn load_inner(&self, access: Access) -> Result<(Inner, Loaded), StoreError> {
         let meta_cm = self.read_meta().await?;
         if let Some(cm) = &meta_cm
             && legacy::is_legacy(cm)
         {
+            if access == Access::Read {
+                return Err(StoreError::Conflict(
+                    "the state is in the first (single-ConfigMap) format; the leader converts it when it starts".into(),
+                ));
+            }
             self.migrate(cm).await?;
-            return Box::pin(self.load_inner()).await;
+            return Box::pin(self.load_inner(access)).await;
         }
         let rv = meta_cm
             .as_ref()
@@ -115,7 +126,7 @@ impl ConfigMapStore {
             .max(max_seq.saturating_add(1))
             .max(meta.model_seq.saturating_add(1))
             .max(1);
-        if !obsolete.is_empty() {
+        if !obsolete.is_empty() && access == Access::Write {
             tracing::info!(
                 objects = obsolete.len(),
                 "deleting state objects a snapshot made obsolete"

@@ -1,5 +1,5 @@
 //! The in-cluster store: the state of [`crate::store::FileStore`] spread over small ConfigMaps
-//! in the orchestrator's namespace, so it survives the loss of the orchestrator's pod, a standby
+//! in the orchestrator's namespace, so it survives the loss of the orchestrator's pod, another
 //! replica can take over, and no write grows with the state.
 //!
 //! | object | holds | written |
@@ -39,9 +39,12 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
+mod follow;
 mod legacy;
 mod load;
 mod pack;
+
+pub use follow::StoreMirror;
 
 pub use crate::store::MAX_REPORT_IDS;
 use pack::{RecentIds, pack_runs, split_utf8};
@@ -101,6 +104,14 @@ struct NodeRecord {
     /// updated must not hide the change).
     generation: u64,
     vendors: BTreeMap<String, VendorEntry>,
+}
+
+/// Whether a load may write: the leader's may (it converts the first format and deletes what a
+/// snapshot made obsolete), a follower's may not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Access {
+    Read,
+    Write,
 }
 
 /// What this process knows the store holds; it is the one writer while it leads.
@@ -328,7 +339,7 @@ impl ConfigMapStore {
     /// The in-memory view, loading it first if needed.
     async fn ready<'a>(&self, guard: &'a mut Option<Inner>) -> Result<&'a mut Inner, StoreError> {
         if guard.is_none() {
-            let (inner, _) = self.load_inner().await?;
+            let (inner, _) = self.load_inner(Access::Write).await?;
             *guard = Some(inner);
         }
         match guard.as_mut() {
@@ -623,7 +634,7 @@ impl Store for ConfigMapStore {
     fn load(&self) -> BoxFuture<'_, Result<Loaded, StoreError>> {
         Box::pin(async move {
             let mut guard = self.inner.lock().await;
-            let (inner, loaded) = self.load_inner().await?;
+            let (inner, loaded) = self.load_inner(Access::Write).await?;
             *guard = Some(inner);
             Ok(loaded)
         })

@@ -1,10 +1,13 @@
-//! High availability against a real kube-apiserver: two replicas of the real binary with
-//! leader election and the ConfigMap store, each with a Pod object of its own (as the
-//! downward API names it). The leader serves and labels its pod `kudos.dev/role=leader` (what
-//! the chart's Service selects); the standby answers only its probes and serves no gRPC. After `kill -9` of the leader the standby takes over with every report the old
-//! leader acknowledged (sent again, each is a DUPLICATE); after a SIGTERM the next standby
-//! takes over without waiting for the Lease to expire. Skips with a message when etcd or
-//! kube-apiserver are missing; `KUDOS_E2E_REQUIRE=1` turns the skip into a failure.
+//! High availability against a real kube-apiserver: replicas of the real binary with leader
+//! election and the ConfigMap store, each with a Pod object of its own (as the downward API
+//! names it). The leader serves gRPC, writes the store and labels its pod
+//! `kudos.dev/role=leader` (what the chart's gRPC Service selects); the follower serves no
+//! gRPC but answers the extender from the shared state: the leader's plugin configuration and
+//! model reach it through the store, and it ranks as the leader does. After `kill -9` of the
+//! leader the follower takes over with every report the old leader acknowledged (sent again,
+//! each is a DUPLICATE); after a SIGTERM the next follower takes over without waiting for the
+//! Lease to expire. Skips with a message when etcd or kube-apiserver are missing;
+//! `KUDOS_E2E_REQUIRE=1` turns the skip into a failure.
 
 use crate::common::*;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -90,6 +93,46 @@ async fn send(orch: &Orchestrator, reports: &[pb::RunReport]) -> anyhow::Result<
     Ok(out)
 }
 
+/// `GET /state` of a replica: its plugin configuration and model.
+fn state_of(orch: &Orchestrator) -> anyhow::Result<(serde_json::Value, serde_json::Value)> {
+    let v = kudos_testkit::http::get_json(&orch.http_addr, "/state")?;
+    Ok((v["pluginConfig"].clone(), v["model"].clone()))
+}
+
+/// `POST /kudos/v1/prioritize` of a replica for a pod of `class` on `nodes`.
+fn prioritize(
+    orch: &Orchestrator,
+    class: &str,
+    nodes: &[&str],
+) -> anyhow::Result<serde_json::Value> {
+    let args = serde_json::json!({"Pod": pod_json("p", Some(class), 1), "NodeNames": nodes});
+    kudos_testkit::http::post_json(&orch.http_addr, "/kudos/v1/prioritize", &args)
+}
+
+/// Waits until the follower's plugin configuration and model are the leader's; how long it
+/// took.
+async fn followed(leader: &Orchestrator, follower: &Orchestrator) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    loop {
+        let (l, f) = (state_of(leader)?, state_of(follower)?);
+        if l == f {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            anyhow::bail!(
+                "the follower did not reach the leader's state in 60 s:\nleader plugin config {}\nfollower plugin config {}\nleader model seq {} runs {}\nfollower model seq {} runs {}",
+                l.0,
+                f.0,
+                l.1["appliedSeq"],
+                l.1["runs"],
+                f.1["appliedSeq"],
+                f.1["runs"]
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn holder(leases: &Api<Lease>) -> String {
     leases
         .get("kudos-orchestrator")
@@ -100,7 +143,8 @@ async fn holder(leases: &Api<Lease>) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_standby_takes_over_with_every_acknowledged_report() -> anyhow::Result<()> {
+async fn the_follower_answers_from_the_shared_state_and_takes_over_with_every_acknowledged_report()
+-> anyhow::Result<()> {
     let opts = ControlPlaneOptions::default();
     let bins = opts.bins();
     let Some(run) = RunDir::for_test("orchestrator-failover", &bins)? else {
@@ -130,13 +174,17 @@ async fn the_standby_takes_over_with_every_acknowledged_report() -> anyhow::Resu
     let (dir, opts) = replica(&run, &pods, "a", &cp.kubeconfig, &config).await?;
     let mut a = Orchestrator::start_with(&dir, &opts).await?;
     let (dir, opts) = replica(&run, &pods, "b", &cp.kubeconfig, &config).await?;
-    let mut b = Orchestrator::start_standby(&dir, &opts).await?;
+    let mut b = Orchestrator::start_follower(&dir, &opts).await?;
+    b.wait_ready_http(Duration::from_secs(60)).await?;
     let (status, body) = b.readyz()?;
-    assert_eq!(status, 200, "a standby is healthy spare capacity: {body}");
-    assert!(body.contains("standby") && body.contains("leads"), "{body}");
+    assert_eq!(status, 200, "a follower serves: {body}");
+    assert!(
+        body.contains("follower") && body.contains("leads"),
+        "{body}"
+    );
     assert!(
         std::net::TcpStream::connect(&b.grpc_addr).is_err(),
-        "the standby serves no gRPC"
+        "the follower serves no gRPC: reports go to the leader alone"
     );
     let leader = holder(&leases).await;
     assert!(
@@ -145,6 +193,15 @@ async fn the_standby_takes_over_with_every_acknowledged_report() -> anyhow::Resu
     );
     assert_eq!(labelled_leaders(&pods).await, ["a"]);
 
+    // The leader learns a node's devices and runs on it; the follower learns them from the
+    // store and ranks as the leader does.
+    let mut reg = pb::registry_service_client::RegistryServiceClient::connect(format!(
+        "http://{}",
+        a.grpc_addr
+    ))
+    .await?;
+    reg.report_plugin(with_token(plugin(NODE, 2, true), Some(&node_token(NODE))))
+        .await?;
     let reports: Vec<pb::RunReport> = (0..REPORTS)
         .map(|i| report(&format!("r{i}"), NODE, pb::RunState::Completed, "resnet50"))
         .collect();
@@ -155,10 +212,35 @@ async fn the_standby_takes_over_with_every_acknowledged_report() -> anyhow::Resu
         "the leader acknowledges every report"
     );
 
+    let caught_up = followed(&a, &b).await?;
+    let (_, model) = state_of(&b)?;
+    assert_eq!(
+        model["runs"],
+        serde_json::json!(REPORTS),
+        "every acknowledged run is in the follower's model: {model}"
+    );
+    let (from_a, from_b) = (
+        prioritize(&a, "resnet50", &[NODE, "unknown-node"])?,
+        prioritize(&b, "resnet50", &[NODE, "unknown-node"])?,
+    );
+    assert_eq!(from_a, from_b, "the follower ranks as the leader does");
+    assert!(from_b.as_array().is_some_and(|a| a.len() == 2), "{from_b}");
+
     // A crash: the Lease is not released; b takes over once it has seen it unchanged for
     // leaseDurationSeconds.
     a.kill();
     let killed = Instant::now();
+    // Scheduling does not wait for the takeover: the follower answers meanwhile.
+    let during = prioritize(&b, "resnet50", &[NODE, "unknown-node"])?;
+    let answered_after = killed.elapsed();
+    assert_eq!(
+        during, from_b,
+        "the follower answers while the Lease is still the dead leader's"
+    );
+    assert!(
+        std::net::TcpStream::connect(&b.grpc_addr).is_err(),
+        "b answered before it took over, as a follower"
+    );
     let r = b.wait_ready(Duration::from_secs(60)).await;
     assert!(r.is_ok(), "{r:?}\n{}", tail(b.log(), 30));
     let crash_failover = killed.elapsed();
@@ -177,8 +259,10 @@ async fn the_standby_takes_over_with_every_acknowledged_report() -> anyhow::Resu
 
     // An orderly stop (an upgrade): b releases the Lease and c takes over at its next try.
     let (dir, opts) = replica(&run, &pods, "c", &cp.kubeconfig, &config).await?;
-    let mut c = Orchestrator::start_standby(&dir, &opts).await?;
-    assert!(c.readyz()?.1.contains("standby"));
+    let mut c = Orchestrator::start_follower(&dir, &opts).await?;
+    c.wait_ready_http(Duration::from_secs(60)).await?;
+    assert!(c.readyz()?.1.contains("follower"));
+    followed(&b, &c).await?;
     let stopped = Instant::now();
     let exit = b.stop();
     assert!(
@@ -200,7 +284,9 @@ async fn the_standby_takes_over_with_every_acknowledged_report() -> anyhow::Resu
         "{again:?}"
     );
     eprintln!(
-        "RESULT failover after kill -9: {:.1} s ({timings:?}); after SIGTERM: {:.1} s (including b's drain); {REPORTS} acknowledged reports, 0 lost",
+        "RESULT follower caught up with {REPORTS} reports {:.2} s after their last ack and answered prioritize {:.3} s after kill -9 of the leader; gRPC failover after kill -9: {:.1} s ({timings:?}); after SIGTERM: {:.1} s (including b's drain); {REPORTS} acknowledged reports, 0 lost",
+        caught_up.as_secs_f64(),
+        answered_after.as_secs_f64(),
         crash_failover.as_secs_f64(),
         handover.as_secs_f64()
     );
