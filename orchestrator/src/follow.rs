@@ -322,7 +322,138 @@ fn missed(fed_seq: u64, snapshot_seq: u64, next: Option<u64>) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::missed;
+    use super::*;
+    use crate::index::Index;
+    use kudos_scheduler_core::Scheduler;
+    use std::time::Duration;
+
+    /// A store object as the leader writes it.
+    fn object(
+        name: &str,
+        part: &str,
+        key: &str,
+        value: String,
+        annotations: &[(&str, u64)],
+    ) -> k8s_openapi::api::core::v1::ConfigMap {
+        let annotations: serde_json::Map<String, serde_json::Value> = annotations
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.to_string().into()))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": name,
+                "labels": {"kudos.dev/store": "kudos", "kudos.dev/store-part": part},
+                "annotations": annotations,
+            },
+            "data": {key: value},
+        }))
+        .unwrap()
+    }
+
+    fn runs(seqs: std::ops::RangeInclusive<u64>) -> Vec<StoredRun> {
+        // With the node's profile, as ingestion stores it: the run is observed (counted).
+        let profile = crate::state::ProfileRecord {
+            vendor: "nvidia".into(),
+            model: "NVIDIA H100 80GB HBM3".into(),
+            count: 1,
+            memory_bytes: 80 << 30,
+        };
+        seqs.map(|seq| StoredRun {
+            seq,
+            profile: Some(profile.clone()),
+            run_id: format!("run-{seq}"),
+            ..crate::store::tests::run(&format!("r{seq}"))
+        })
+        .collect()
+    }
+
+    async fn wait_applied(index: &SharedIndex, seq: u64) {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while index.read().applied_seq() < seq {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the learner published");
+    }
+
+    /// A follower whose watch missed runs 1..=5 (their segments were deleted once the
+    /// snapshot at 5 held them) starts again from that snapshot, read by name, and learns
+    /// 6 and 7 after it; one that missed nothing reads no snapshot.
+    #[tokio::test]
+    async fn missed_runs_are_taken_from_the_snapshot_that_holds_them() {
+        let config = SchedulerConfig::default();
+        let snapshot = serde_json::to_string(Scheduler::new(config.clone()).state()).unwrap();
+        let chunk = object(
+            "kudos-model-5-0",
+            "model",
+            "chunk",
+            snapshot,
+            &[("kudos.dev/seq", 5), ("kudos.dev/chunk", 0)],
+        );
+        let chunk = serde_json::to_value(&chunk).unwrap();
+        let (client, calls) = crate::fake_api::client(Arc::new(move |method, path, _| {
+            match (method.as_str(), path) {
+                ("GET", "/api/v1/namespaces/ns/configmaps/kudos-model-5-0") => (200, chunk.clone()),
+                _ => (404, crate::fake_api::status(404, "NotFound")),
+            }
+        }));
+        let store = Arc::new(ConfigMapStore::new(client, "ns", "kudos"));
+        let index: SharedIndex = Arc::new(parking_lot::RwLock::new(Index::new(
+            "kudos.dev/gpu",
+            120.0,
+            Scheduler::new(config.clone()),
+            true,
+        )));
+        let learned = || index.read().model().state().runs();
+        let metrics = Arc::new(Metrics::new());
+        let mut follower = Follower::new(store, index.clone(), metrics, config, Vec::new());
+        let mut mirror = StoreMirror::new("kudos");
+
+        // Live: runs 1..=2 arrive and are learned; no snapshot is read.
+        let json = serde_json::to_string(&runs(1..=2)).unwrap();
+        mirror.apply(&object(
+            "kudos-runs-1",
+            "runs",
+            "runs.json",
+            json,
+            &[("kudos.dev/seq", 2)],
+        ));
+        follower.sync(&mut mirror).await;
+        wait_applied(&index, 2).await;
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 0);
+        assert_eq!(learned(), 2);
+
+        // A relist: <name> names the snapshot at 5 (3..=5 were never seen), segments from 6.
+        mirror.relist();
+        let meta = serde_json::json!({"format": 2, "nextSeq": 8, "modelSeq": 5, "modelChunks": 1});
+        mirror.apply(&object(
+            "kudos",
+            "state",
+            "state.json",
+            meta.to_string(),
+            &[],
+        ));
+        let json = serde_json::to_string(&runs(6..=7)).unwrap();
+        mirror.apply(&object(
+            "kudos-runs-6",
+            "runs",
+            "runs.json",
+            json,
+            &[("kudos.dev/seq", 7)],
+        ));
+        mirror.relisted();
+        follower.sync(&mut mirror).await;
+        assert_eq!(
+            calls.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "the snapshot was read"
+        );
+        wait_applied(&index, 7).await;
+        assert_eq!(follower.fed_seq, 7);
+        // The (empty) snapshot replaced the model that had learned 1 and 2; 6 and 7 after it.
+        assert_eq!(learned(), 2);
+    }
 
     #[test]
     fn a_snapshot_is_loaded_only_when_runs_it_holds_are_missing() {
