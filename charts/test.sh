@@ -90,11 +90,15 @@ count() { # count <file> <fixed string> <n> <what>
 }
 d=$tmp/default.yaml c=$tmp/custom-out.yaml m=$tmp/minimal-out.yaml
 tpl --set nvidia.devDir=/dev > "$tmp/devdir.yaml"
+tpl --set orchestrator.replicas=1 > "$tmp/one-replica.yaml"
 count "$tmp/devdir.yaml" "terminationMessagePath: /run/termination-log" 2 "devDir set: plugin and agent keep the termination log off the read-only /dev"
 has $d "image: localhost/kudos/kudos-orchestrator:0.1.0" "default images: registry localhost, tag appVersion"
 has $d "image: registry.k8s.io/kube-scheduler:$KUBE_VERSION" "scheduler image follows the cluster's version"
 has $d "- schedulerName: kudos" "second scheduler profile is 'kudos'"
-has $d "urlPrefix: https://kudos-orchestrator.kudos-system.svc:8888/kudos/v1" "extender URL is the orchestrator Service's HTTPS port"
+has $d "urlPrefix: https://kudos-orchestrator-extender.kudos-system.svc:8888/kudos/v1" "extender URL is the HTTPS port of the Service of every replica (followers answer the extender)"
+has $d "sessionAffinity: ClientIP" "one kube-scheduler's calls for a pod reach one replica"
+has "$tmp/one-replica.yaml" "urlPrefix: https://kudos-orchestrator.kudos-system.svc:8888/kudos/v1" "one replica: the extender URL is the orchestrator Service's"
+hasnt "$tmp/one-replica.yaml" "name: kudos-orchestrator-extender" "one replica: no extender Service"
 has $d "enableHTTPS: true" "kube-scheduler calls the extender over HTTPS"
 has $d "certFile: /etc/kudos-scheduler-tls/tls.crt" "kube-scheduler presents its client certificate"
 has $d "  name: kudos-scheduler-client-tls" "client certificate Secret generated"
@@ -298,8 +302,8 @@ run_under_chart_rbac() {
     opid=$!
     local ready=0 body
     for _ in $(seq 1 240); do
-      # a standby answers /readyz too (ready spare capacity): wait for the leader's answer
-      if body=$(orch_curl -f "https://127.0.0.1:$hp/readyz" 2>/dev/null) && [[ $body != *standby* ]]; then ready=1; break; fi
+      # a follower answers /readyz too (it serves the extender): wait for the leader's answer
+      if body=$(orch_curl -f "https://127.0.0.1:$hp/readyz" 2>/dev/null) && [[ $body != *follower* ]]; then ready=1; break; fi
       kill -0 "$opid" 2>/dev/null || break
       sleep 0.5
     done

@@ -46,6 +46,16 @@ imagePullSecrets:
 {{ printf "kudos-orchestrator.%s.svc" .Release.Namespace }}
 {{- end }}
 
+{{/* Host of the extender: with several replicas, the Service of all of them (followers answer
+     the extender too); with one, the orchestrator's own. */}}
+{{- define "kudos.extenderHost" -}}
+{{- if gt (int .Values.orchestrator.replicas) 1 -}}
+{{ printf "kudos-orchestrator-extender.%s.svc" .Release.Namespace }}
+{{- else -}}
+{{ include "kudos.orchestratorHost" . }}
+{{- end }}
+{{- end }}
+
 {{/* gRPC address given to the device plugin and node agent. */}}
 {{- define "kudos.orchestratorGrpc" -}}
 {{ printf "%s://%s:%v" (ternary "http" "https" (eq .Values.tls.mode "none")) (include "kudos.orchestratorHost" .) .Values.orchestrator.ports.grpc }}
@@ -53,7 +63,7 @@ imagePullSecrets:
 
 {{/* Extender URL prefix for kube-scheduler. */}}
 {{- define "kudos.extenderURL" -}}
-{{ printf "%s://%s:%v%s" (ternary "http" "https" (eq .Values.tls.mode "none")) (include "kudos.orchestratorHost" .) .Values.orchestrator.ports.http (trimSuffix "/" .Values.orchestrator.extender.pathPrefix) }}
+{{ printf "%s://%s:%v%s" (ternary "http" "https" (eq .Values.tls.mode "none")) (include "kudos.extenderHost" .) .Values.orchestrator.ports.http (trimSuffix "/" .Values.orchestrator.extender.pathPrefix) }}
 {{- end }}
 
 {{/* Short-lived token for the orchestrator only (audience kudos-orchestrator); the orchestrator
