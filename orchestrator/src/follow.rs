@@ -171,6 +171,7 @@ impl Follower {
                 nodes = cfg.nodes.len(),
                 "the leader's plugin configuration changed"
             );
+            self.metrics.plugin_generation.set(cfg.generation as i64);
             self.index.write().set_plugin_config(cfg);
         }
     }

@@ -580,6 +580,7 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         *role_text.write() = String::new();
         leadership = Some((l, election));
     }
+    metrics.leader.set(1);
     let mut tick = tokio::time::interval(s.snapshot_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     {

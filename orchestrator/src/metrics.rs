@@ -90,6 +90,9 @@ pub struct Metrics {
     pub store_append_duration: Histogram,
     /// Plugin configuration generation.
     pub plugin_generation: Gauge,
+    /// 1 while this replica writes the state (it holds the Lease, or runs without election), 0
+    /// while it follows.
+    pub leader: Gauge,
     /// Nodes in the index (from the Node watch).
     pub nodes: Gauge,
     /// Nodes re-scored by run feedback (third-queue entries), in total.
@@ -176,6 +179,12 @@ impl Metrics {
             "plugin_config_generation",
             "Current plugin configuration generation",
             plugin_generation.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica writes the state (holds the leader Lease, or runs without election), 0 while it follows",
+            leader.clone(),
         );
         let nodes = Gauge::default();
         registry.register("index_nodes", "Nodes in the index", nodes.clone());
@@ -295,6 +304,7 @@ impl Metrics {
             grpc_duration,
             store_append_duration,
             plugin_generation,
+            leader,
             nodes,
             feedback_rescored_nodes,
             rollout,

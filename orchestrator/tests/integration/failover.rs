@@ -99,6 +99,12 @@ fn state_of(orch: &Orchestrator) -> anyhow::Result<(serde_json::Value, serde_jso
     Ok((v["pluginConfig"].clone(), v["model"].clone()))
 }
 
+/// `GET /metrics` of a replica, as text.
+fn metrics_of(orch: &Orchestrator) -> anyhow::Result<String> {
+    let r = kudos_testkit::http::request("GET", &orch.http_addr, "/metrics", None)?;
+    Ok(String::from_utf8_lossy(&r.body).into_owned())
+}
+
 /// `POST /kudos/v1/prioritize` of a replica for a pod of `class` on `nodes`.
 fn prioritize(
     orch: &Orchestrator,
@@ -186,6 +192,8 @@ async fn the_follower_answers_from_the_shared_state_and_takes_over_with_every_ac
         std::net::TcpStream::connect(&b.grpc_addr).is_err(),
         "the follower serves no gRPC: reports go to the leader alone"
     );
+    assert!(metrics_of(&b)?.contains("\nkudos_orchestrator_leader 0\n"));
+    assert!(metrics_of(&a)?.contains("\nkudos_orchestrator_leader 1\n"));
     let leader = holder(&leases).await;
     assert!(
         leader.contains(&format!("_{}_", a.pid())),
@@ -245,6 +253,7 @@ async fn the_follower_answers_from_the_shared_state_and_takes_over_with_every_ac
     assert!(r.is_ok(), "{r:?}\n{}", tail(b.log(), 30));
     let crash_failover = killed.elapsed();
     assert!(holder(&leases).await.contains(&format!("_{}_", b.pid())));
+    assert!(metrics_of(&b)?.contains("\nkudos_orchestrator_leader 1\n"));
     // a was killed and could not clear its label; in a cluster its restarted container does
     // (and a dead container is not ready, so the Service skips it meanwhile).
     assert_eq!(labelled_leaders(&pods).await, ["a", "b"]);
