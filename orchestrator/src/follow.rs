@@ -20,6 +20,7 @@
 //! leader alone and are not stored. It ranks with the Node objects' readiness and allocatable
 //! devices (which the kubelet keeps from the same plugins) instead.
 
+use crate::http::Role;
 use crate::index::{SharedIndex, scheduler_from};
 use crate::learn::Learner;
 use crate::metrics::Metrics;
@@ -36,6 +37,9 @@ use tracing::Instrument;
 
 /// Watch events handled before the follower learns what they brought.
 const EVENTS_PER_SYNC: usize = 256;
+/// How long the watch of the store may keep failing before the follower reports itself not
+/// ready (its answers would be stale; the Service then sends kube-scheduler elsewhere).
+pub const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// See the module docs.
 pub struct Follower {
@@ -76,7 +80,12 @@ impl Follower {
     /// Follows the store until `stop` resolves, then returns the follower for
     /// [`Follower::take_over`]. Watch errors are logged and retried with kube-runtime's
     /// backoff; the extender answers from what was learned meanwhile.
-    pub async fn follow(mut self, store_name: &str, stop: impl Future<Output = ()>) -> Self {
+    pub async fn follow(
+        mut self,
+        store_name: &str,
+        role: &parking_lot::RwLock<Role>,
+        stop: impl Future<Output = ()>,
+    ) -> Self {
         let (api, selector) = self.store.watched();
         let mut mirror = StoreMirror::new(store_name);
         let events = watcher::watcher(api, watcher::Config::default().labels(&selector))
@@ -85,6 +94,8 @@ impl Follower {
         tokio::pin!(events);
         tokio::pin!(stop);
         let mut listing = false;
+        // Tokio's clock, which a test can pause and advance.
+        let mut failing_since: Option<tokio::time::Instant> = None;
         loop {
             let batch = tokio::select! {
                 () = &mut stop => break,
@@ -94,6 +105,27 @@ impl Follower {
                 },
             };
             for event in batch {
+                match &event {
+                    // A relist starts (also before each retried list): nothing read yet.
+                    Ok(Event::Init) => {}
+                    Ok(_) if failing_since.take().is_some() => {
+                        if role.write().behind.take().is_some() {
+                            tracing::info!("following the state store again; ready");
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        let since = *failing_since.get_or_insert_with(tokio::time::Instant::now);
+                        if since.elapsed() >= STALE_AFTER {
+                            let why = format!(
+                                "follower: cannot follow the state store for {:.0} s ({e}); its answers would be stale",
+                                since.elapsed().as_secs_f64()
+                            );
+                            tracing::error!("{why}");
+                            role.write().behind = Some(why);
+                        }
+                    }
+                }
                 match event {
                     Ok(Event::Init) => {
                         listing = true;
@@ -280,20 +312,21 @@ pub async fn until_leader(
     follower: Follower,
     store_name: &str,
     election: &crate::leader::Election,
-    role: Arc<parking_lot::RwLock<String>>,
+    role: Arc<parking_lot::RwLock<Role>>,
     shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
 ) -> anyhow::Result<Option<(Follower, crate::leader::Leadership)>> {
     let cfg = &election.config;
     let lease = format!("{}/{}", cfg.namespace, cfg.lease_name);
-    *role.write() = format!(
+    role.write().text = format!(
         "follower: answers the extender from the shared state; no leader seen yet (Lease {lease})"
     );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let name = store_name.to_owned();
+    let watch_role = role.clone();
     let following = tokio::spawn(
         async move {
             follower
-                .follow(&name, async {
+                .follow(&name, &watch_role, async {
                     let _ = stopped.await;
                 })
                 .await
@@ -302,7 +335,7 @@ pub async fn until_leader(
     );
     tracing::info!(lease = %lease, identity = %cfg.identity, "a follower until this replica holds the leader Lease");
     let waiting = |holder: &str| {
-        *role.write() = format!(
+        role.write().text = format!(
             "follower: replica {holder} leads (Lease {lease}); this one answers the extender from the shared state and takes over when it stops"
         );
     };
@@ -454,6 +487,48 @@ mod tests {
         assert_eq!(follower.fed_seq, 7);
         // The (empty) snapshot replaced the model that had learned 1 and 2; 6 and 7 after it.
         assert_eq!(learned(), 2);
+    }
+
+    /// A watch of the store that keeps failing (here: forbidden, as without the chart's
+    /// `watch` grant) turns the follower's readiness off after [`STALE_AFTER`].
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_that_cannot_watch_the_store_is_not_ready() {
+        let (client, calls) = crate::fake_api::client(Arc::new(|_, _, _| {
+            (403, crate::fake_api::status(403, "Forbidden"))
+        }));
+        let store = Arc::new(ConfigMapStore::new(client, "ns", "kudos"));
+        let config = SchedulerConfig::default();
+        let index: SharedIndex = Arc::new(parking_lot::RwLock::new(Index::new(
+            "kudos.dev/gpu",
+            120.0,
+            Scheduler::new(config.clone()),
+            true,
+        )));
+        let follower = Follower::new(store, index, Arc::new(Metrics::new()), config, Vec::new());
+        let role = Arc::new(parking_lot::RwLock::new(Role::default()));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let r = role.clone();
+        let task = tokio::spawn(async move {
+            follower
+                .follow("kudos", &r, async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        let start = tokio::time::Instant::now();
+        while role.read().behind.is_none() {
+            assert!(start.elapsed() < STALE_AFTER * 4, "still ready after {} calls", calls.load(std::sync::atomic::Ordering::SeqCst));
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+        assert!(start.elapsed() >= STALE_AFTER, "not before {STALE_AFTER:?}");
+        let why = role.read().behind.clone().unwrap_or_default();
+        assert!(why.contains("cannot follow the state store"), "{why}");
+        assert!(
+            calls.load(std::sync::atomic::Ordering::SeqCst) > 1,
+            "the watch was retried"
+        );
+        let _ = stop.send(());
+        let _ = task.await;
     }
 
     #[test]

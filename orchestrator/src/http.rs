@@ -46,9 +46,18 @@ pub struct HttpState {
     pub access: crate::access::AccessPolicy,
     /// The scheduler the admission webhook gives GPU pods; `None`: no webhook route.
     pub pod_scheduler_name: Option<String>,
-    /// What `/readyz` says of this replica's role (a follower names the leader); `ok` while
-    /// empty.
-    pub role: Arc<parking_lot::RwLock<String>>,
+    /// What `/readyz` says of this replica's part in leader election.
+    pub role: Arc<parking_lot::RwLock<Role>>,
+}
+
+/// A replica's part in leader election, as `/readyz` tells it.
+#[derive(Clone, Debug, Default)]
+pub struct Role {
+    /// A follower names the leader here; empty for the leader, or without election (`ok`).
+    pub text: String,
+    /// Why a follower's state is stale (it cannot follow the store): `/readyz` answers 503 with
+    /// it, so that kube-scheduler's calls go to another replica.
+    pub behind: Option<String>,
 }
 
 impl HttpState {
@@ -99,6 +108,9 @@ pub enum AppError {
     /// The index has not answered a read for this long: a writer is stuck holding it.
     #[error("the index has not answered a read for {0:.1} s")]
     Stalled(f64),
+    /// A follower cannot follow the state store.
+    #[error("not ready: {0}")]
+    Behind(String),
     /// Too many heavy read requests at once.
     #[error(
         "busy: {0} heavy read requests (/state, /explain, /metrics) are in progress; retry later"
@@ -119,7 +131,7 @@ impl IntoResponse for AppError {
         let status = match &self {
             AppError::BadRequest(_) => StatusCode::BAD_REQUEST,
             AppError::NotFound(_) => StatusCode::NOT_FOUND,
-            AppError::NotReady | AppError::Stalled(_) | AppError::Busy(_) => {
+            AppError::NotReady | AppError::Stalled(_) | AppError::Busy(_) | AppError::Behind(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             AppError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -272,11 +284,11 @@ async fn readyz(State(s): St) -> Result<String, AppError> {
     match synced {
         Some(true) => {
             let role = s.role.read();
-            Ok(if role.is_empty() {
-                "ok".to_owned()
-            } else {
-                role.clone()
-            })
+            match (&role.behind, role.text.is_empty()) {
+                (Some(why), _) => Err(AppError::Behind(why.clone())),
+                (None, true) => Ok("ok".to_owned()),
+                (None, false) => Ok(role.text.clone()),
+            }
         }
         Some(false) => Err(AppError::NotReady),
         None => Err(AppError::Stalled(

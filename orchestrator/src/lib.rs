@@ -406,9 +406,12 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
     };
     let (tls, access) = security::http_security(&s, client.as_ref())?;
     // A replica in an election is a follower until it takes the Lease.
-    let role_text = Arc::new(parking_lot::RwLock::new(match &election {
-        Some(_) => "follower: no leader seen yet".to_owned(),
-        None => String::new(),
+    let role_text = Arc::new(parking_lot::RwLock::new(http::Role {
+        text: match &election {
+            Some(_) => "follower: no leader seen yet".to_owned(),
+            None => String::new(),
+        },
+        behind: None,
     }));
     let http_state = Arc::new(http::HttpState {
         watchdog,
@@ -577,7 +580,7 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
             l.release().await;
             return Err(e);
         }
-        *role_text.write() = String::new();
+        *role_text.write() = http::Role::default();
         leadership = Some((l, election));
     }
     metrics.leader.set(1);

@@ -1,18 +1,62 @@
 //! The index lock and the probes: a panic under the lock does not wedge the process, and a
 //! writer that never lets go turns `/healthz` and `/readyz` to 503 so the pod is restarted;
-//! learning runs off the lock, so the extender answers while a refit is in progress.
+//! learning runs off the lock, so the extender answers while a refit is in progress; a
+//! follower that cannot follow the state store is not ready, so kube-scheduler calls another
+//! replica.
 
 mod common;
 
 use axum::http::StatusCode;
 use common::*;
 use kudos_orchestrator::health::IndexWatchdog;
-use kudos_orchestrator::http::{HttpState, router};
+use kudos_orchestrator::http::{HttpState, Role, router};
 use kudos_orchestrator::learn::{LearnHook, Learner};
 use kudos_orchestrator::metrics::Metrics;
 use kudos_orchestrator::state::{RunOutcome, StoredRun};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
+
+#[tokio::test]
+async fn readiness_names_the_leader_and_refuses_a_follower_that_cannot_follow() {
+    let index = standard_index();
+    let metrics = Arc::new(Metrics::new());
+    let role = Arc::new(parking_lot::RwLock::new(Role::default()));
+    let state = Arc::new(HttpState {
+        role: role.clone(),
+        ..HttpState::new(
+            mk_extender(index.clone(), metrics.clone()),
+            index.clone(),
+            metrics,
+        )
+    });
+    let app = router(state, &limits());
+    assert_eq!(
+        get(&app, "/readyz").await,
+        (StatusCode::OK, serde_json::json!("ok")),
+        "the leader, or a replica without election"
+    );
+    role.write().text = "follower: replica a leads".into();
+    assert_eq!(
+        get(&app, "/readyz").await,
+        (
+            StatusCode::OK,
+            serde_json::json!("follower: replica a leads")
+        )
+    );
+    role.write().behind = Some("follower: cannot follow the state store for 31 s".into());
+    let (status, body) = get(&app, "/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("cannot follow the state store")),
+        "{body}"
+    );
+    // The extender still answers (stale is better than failing the pod's scheduling cycle).
+    let args = serde_json::json!({"Pod": pod_json("p", Some("llm"), 1), "NodeNames": ["gpu-a"]});
+    let (status, answer) = post(&app, "/kudos/v1/prioritize", args.to_string().into_bytes()).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+}
 
 #[tokio::test]
 async fn a_stuck_index_fails_the_probes_and_a_panic_does_not_poison_it() {
