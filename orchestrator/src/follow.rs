@@ -94,8 +94,7 @@ impl Follower {
         tokio::pin!(events);
         tokio::pin!(stop);
         let mut listing = false;
-        // Tokio's clock, which a test can pause and advance.
-        let mut failing_since: Option<tokio::time::Instant> = None;
+        let mut health = WatchHealth::default();
         loop {
             let batch = tokio::select! {
                 () = &mut stop => break,
@@ -105,27 +104,7 @@ impl Follower {
                 },
             };
             for event in batch {
-                match &event {
-                    // A relist starts (also before each retried list): nothing read yet.
-                    Ok(Event::Init) => {}
-                    Ok(_) if failing_since.take().is_some() => {
-                        if role.write().behind.take().is_some() {
-                            tracing::info!("following the state store again; ready");
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        let since = *failing_since.get_or_insert_with(tokio::time::Instant::now);
-                        if since.elapsed() >= STALE_AFTER {
-                            let why = format!(
-                                "follower: cannot follow the state store for {:.0} s ({e}); its answers would be stale",
-                                since.elapsed().as_secs_f64()
-                            );
-                            tracing::error!("{why}");
-                            role.write().behind = Some(why);
-                        }
-                    }
-                }
+                health.observe(&event, role);
                 match event {
                     Ok(Event::Init) => {
                         listing = true;
@@ -255,6 +234,46 @@ impl Follower {
         drop(std::mem::replace(&mut self.learner, learner));
         let idle_task = std::mem::replace(&mut self.learner_task, task);
         let _ = idle_task.await;
+    }
+}
+
+/// Whether the watch of the store keeps failing, as readiness tells it.
+#[derive(Default)]
+struct WatchHealth {
+    /// Since when every attempt failed (Tokio's clock, which a test can pause).
+    failing_since: Option<tokio::time::Instant>,
+}
+
+impl WatchHealth {
+    /// Marks the follower behind once the watch has failed for [`STALE_AFTER`], and ready
+    /// again at its first read.
+    fn observe<K>(
+        &mut self,
+        event: &Result<Event<K>, watcher::Error>,
+        role: &parking_lot::RwLock<Role>,
+    ) {
+        match event {
+            // A relist starts (also before each retried list): nothing read yet.
+            Ok(Event::Init) => {}
+            Ok(_) => {
+                if self.failing_since.take().is_some() && role.write().behind.take().is_some() {
+                    tracing::info!("following the state store again; ready");
+                }
+            }
+            Err(e) => {
+                let since = *self
+                    .failing_since
+                    .get_or_insert_with(tokio::time::Instant::now);
+                if since.elapsed() >= STALE_AFTER {
+                    let why = format!(
+                        "follower: cannot follow the state store for {:.0} s ({e}); its answers would be stale",
+                        since.elapsed().as_secs_f64()
+                    );
+                    tracing::error!("{why}");
+                    role.write().behind = Some(why);
+                }
+            }
+        }
     }
 }
 
@@ -517,7 +536,11 @@ mod tests {
         });
         let start = tokio::time::Instant::now();
         while role.read().behind.is_none() {
-            assert!(start.elapsed() < STALE_AFTER * 4, "still ready after {} calls", calls.load(std::sync::atomic::Ordering::SeqCst));
+            assert!(
+                start.elapsed() < STALE_AFTER * 4,
+                "still ready after {} calls",
+                calls.load(std::sync::atomic::Ordering::SeqCst)
+            );
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
         }
         assert!(start.elapsed() >= STALE_AFTER, "not before {STALE_AFTER:?}");
