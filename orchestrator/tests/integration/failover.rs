@@ -182,11 +182,21 @@ async fn the_follower_answers_from_the_shared_state_and_takes_over_with_every_ac
     let (dir, opts) = replica(&run, &pods, "b", &cp.kubeconfig, &config).await?;
     let mut b = Orchestrator::start_follower(&dir, &opts).await?;
     b.wait_ready_http(Duration::from_secs(60)).await?;
-    let (status, body) = b.readyz()?;
-    assert_eq!(status, 200, "a follower serves: {body}");
+    // Ready as soon as it has read the store; it names the leader from its first look at the
+    // Lease.
+    let named = Instant::now();
+    let body = loop {
+        let (status, body) = b.readyz()?;
+        assert_eq!(status, 200, "a follower serves: {body}");
+        assert!(body.contains("follower"), "{body}");
+        if body.contains("leads") || named.elapsed() > Duration::from_secs(30) {
+            break body;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert!(
-        body.contains("follower") && body.contains("leads"),
-        "{body}"
+        body.contains(&format!("_{}_", a.pid())),
+        "names the leader: {body}"
     );
     assert!(
         std::net::TcpStream::connect(&b.grpc_addr).is_err(),
@@ -233,6 +243,39 @@ async fn the_follower_answers_from_the_shared_state_and_takes_over_with_every_ac
     );
     assert_eq!(from_a, from_b, "the follower ranks as the leader does");
     assert!(from_b.as_array().is_some_and(|a| a.len() == 2), "{from_b}");
+
+    // The whole verb set on the follower: a real pod filtered there binds there.
+    let mut spec = pod_json("gpu-pod", Some("resnet50"), 1);
+    spec["metadata"]["uid"] = serde_json::Value::Null;
+    // An extended resource needs its limit (the API server refuses the pod without one).
+    spec["spec"]["containers"][0]["resources"]["limits"] =
+        serde_json::json!({"kudos.dev/gpu": "1"});
+    let pod: Pod = pods
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(spec.clone())?,
+        )
+        .await?;
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    spec["metadata"]["uid"] = uid.clone().into();
+    let passed = kudos_testkit::http::post_json(
+        &b.http_addr,
+        "/kudos/v1/filter",
+        &serde_json::json!({"Pod": spec, "NodeNames": [NODE]}),
+    )?;
+    assert_eq!(passed["NodeNames"], serde_json::json!([NODE]), "{passed}");
+    let bound = kudos_testkit::http::post_json(
+        &b.http_addr,
+        "/kudos/v1/bind",
+        &serde_json::json!({"PodName": "gpu-pod", "PodNamespace": "default", "PodUID": uid, "Node": NODE}),
+    )?;
+    assert_eq!(bound["Error"], serde_json::json!(""), "{bound}");
+    let bound_to = pods.get("gpu-pod").await?.spec.and_then(|s| s.node_name);
+    assert_eq!(
+        bound_to.as_deref(),
+        Some(NODE),
+        "the follower bound the pod"
+    );
 
     // A crash: the Lease is not released; b takes over once it has seen it unchanged for
     // leaseDurationSeconds.
