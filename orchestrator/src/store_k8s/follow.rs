@@ -188,6 +188,46 @@ mod tests {
         }
     }
 
+    /// A snapshot written between a follower's read of `<name>` and its list of the parts:
+    /// the load is refused (the caller reads again), not taken with runs and chunks missing.
+    #[tokio::test]
+    async fn a_read_only_load_across_a_snapshot_reads_again() {
+        let gets = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = gets.clone();
+        let (client, _) = crate::fake_api::client(std::sync::Arc::new(move |method, path, _| {
+            match (method.as_str(), path) {
+                ("GET", "/api/v1/namespaces/ns/configmaps/kudos") => {
+                    // The second read sees the snapshot the leader wrote meanwhile.
+                    let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let meta = Meta {
+                        format: FORMAT,
+                        next_seq: 11,
+                        model_seq: if n == 0 { 0 } else { 10 },
+                        model_chunks: if n == 0 { 0 } else { 1 },
+                        ..Meta::default()
+                    };
+                    let cm = store().state_object(&meta).unwrap();
+                    (200, serde_json::to_value(cm).unwrap())
+                }
+                ("GET", "/api/v1/namespaces/ns/configmaps") => (
+                    200,
+                    serde_json::json!({"kind": "ConfigMapList", "apiVersion": "v1", "metadata": {}, "items": []}),
+                ),
+                _ => (404, crate::fake_api::status(404, "NotFound")),
+            }
+        }));
+        let s = ConfigMapStore::new(client, "ns", "kudos");
+        let e = s.load_read_only().await.expect_err("refused");
+        assert!(e.to_string().contains("reading again"), "{e}");
+        // Once <name> holds still, the load is taken (the chunks it names are read as usual).
+        gets.store(5, std::sync::atomic::Ordering::SeqCst);
+        let e = s.load_read_only().await;
+        assert!(
+            e.is_ok_and(|l| l.model.is_none()),
+            "the named snapshot's chunks are missing here: logged, as for the leader"
+        );
+    }
+
     #[tokio::test]
     async fn a_mirror_decodes_what_the_leader_writes() {
         let s = store();

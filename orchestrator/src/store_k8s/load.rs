@@ -102,6 +102,24 @@ impl ConfigMapStore {
         }
         runs.sort_by_key(|r| r.seq);
 
+        if access == Access::Read {
+            // `<name>` and the parts are two reads. The leader writes a snapshot's chunks, then
+            // `<name>`, then deletes what the snapshot made obsolete: a snapshot written between
+            // the two reads could leave `<name>` naming chunks and runs that are gone. The
+            // leader's own load cannot meet this (it is the one writer); a follower reads again.
+            // With `<name>` unchanged, the chunks it names are there unless damaged (the leader
+            // deletes them only after naming newer ones).
+            let again = self.read_meta().await?;
+            let now: Option<Meta> = again
+                .as_ref()
+                .and_then(|c| data(c, KEY_STATE))
+                .and_then(|s| serde_json::from_str(s).ok());
+            if now.is_some_and(|m| m.model_seq != meta.model_seq) {
+                return Err(StoreError::Conflict(
+                    "a snapshot was written while the state was read; reading again".into(),
+                ));
+            }
+        }
         let model = if meta.model_seq == 0 {
             None
         } else if chunks.len() == meta.model_chunks as usize
