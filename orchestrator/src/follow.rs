@@ -47,8 +47,8 @@ pub struct Follower {
     index: SharedIndex,
     metrics: Arc<Metrics>,
     config: SchedulerConfig,
-    learner: Learner,
-    learner_task: tokio::task::JoinHandle<()>,
+    /// The learner and its task; `None` only while a snapshot replaces the model.
+    learning: Option<(Learner, tokio::task::JoinHandle<()>)>,
     /// The highest `seq` handed to the learner (or held by a snapshot it started from).
     fed_seq: u64,
 }
@@ -64,15 +64,13 @@ impl Follower {
         backlog: Vec<StoredRun>,
     ) -> Self {
         let fed_seq = backlog.last().map_or(index.read().applied_seq(), |r| r.seq);
-        let (learner, learner_task) =
-            Learner::spawn_joinable(index.clone(), metrics.clone(), backlog);
+        let learning = Learner::spawn_joinable(index.clone(), metrics.clone(), backlog);
         Self {
             store,
             index,
             metrics,
             config,
-            learner,
-            learner_task,
+            learning: Some(learning),
             fed_seq,
         }
     }
@@ -165,7 +163,10 @@ impl Follower {
             fed_seq = self.fed_seq,
             "caught up with the store as the leader"
         );
-        self.learner
+        match self.learning {
+            Some((learner, _)) => learner,
+            None => Learner::spawn_with_backlog(self.index, self.metrics, Vec::new()),
+        }
     }
 
     /// Whether runs up to `snapshot_seq` may be missing: the snapshot holds runs this replica
@@ -191,7 +192,9 @@ impl Follower {
         for run in runs {
             if run.seq > self.fed_seq {
                 self.fed_seq = run.seq;
-                self.learner.learn(run).await;
+                if let Some((learner, _)) = &self.learning {
+                    learner.learn(run).await;
+                }
             }
         }
     }
@@ -200,12 +203,11 @@ impl Follower {
     /// learner has published what it had and stopped, then learns on from there.
     async fn restart_from(&mut self, bytes: Vec<u8>, seq: u64) {
         // Dropping the only sender ends the learner once it has published.
-        let (idle, idle_task) =
-            Learner::spawn_joinable(self.index.clone(), self.metrics.clone(), Vec::new());
-        drop(std::mem::replace(&mut self.learner, idle));
-        let old_task = std::mem::replace(&mut self.learner_task, idle_task);
-        if let Err(e) = old_task.await {
-            tracing::warn!(error = %e, "the learner ended with an error");
+        if let Some((learner, task)) = self.learning.take() {
+            drop(learner);
+            if let Err(e) = task.await {
+                tracing::warn!(error = %e, "the learner ended with an error");
+            }
         }
         let config = self.config.clone();
         let parsed =
@@ -227,13 +229,12 @@ impl Follower {
                 tracing::error!(snapshot_seq = seq, error = %e, "reading the snapshot failed; learning on without the runs it holds")
             }
         }
-        // The idle learner copied the model before the snapshot: replace it with one that
-        // copies the snapshot's.
-        let (learner, task) =
-            Learner::spawn_joinable(self.index.clone(), self.metrics.clone(), Vec::new());
-        drop(std::mem::replace(&mut self.learner, learner));
-        let idle_task = std::mem::replace(&mut self.learner_task, task);
-        let _ = idle_task.await;
+        // A fresh learner copies the model just published.
+        self.learning = Some(Learner::spawn_joinable(
+            self.index.clone(),
+            self.metrics.clone(),
+            Vec::new(),
+        ));
     }
 }
 
@@ -284,12 +285,7 @@ pub async fn load_read_only(store: &ConfigMapStore, retry: std::time::Duration) 
         let t = std::time::Instant::now();
         match store.load_read_only().await {
             Ok(loaded) => {
-                tracing::info!(
-                    seconds = t.elapsed().as_secs_f64(),
-                    snapshot_bytes = loaded.model.as_ref().map_or(0, |(m, _)| m.len()),
-                    runs = loaded.runs_to_replay.len(),
-                    "ConfigMap store read (a follower: reading only)"
-                );
+                loaded.log_read(t, "ConfigMap store read (a follower: reading only)");
                 return loaded;
             }
             Err(e) => {

@@ -238,12 +238,7 @@ async fn open_store(
             ));
             let t = std::time::Instant::now();
             let loaded = store.load().await.context("loading state")?;
-            tracing::info!(
-                seconds = t.elapsed().as_secs_f64(),
-                snapshot_bytes = loaded.model.as_ref().map_or(0, |(m, _)| m.len()),
-                runs = loaded.runs_to_replay.len(),
-                "ConfigMap store read"
-            );
+            loaded.log_read(t, "ConfigMap store read");
             (store, loaded)
         }
     })

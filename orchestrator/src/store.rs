@@ -71,6 +71,18 @@ pub struct Loaded {
     pub known_reports: u64,
 }
 
+impl Loaded {
+    /// Logs what a load read and how long it took since `started`.
+    pub fn log_read(&self, started: std::time::Instant, what: &str) {
+        tracing::info!(
+            seconds = started.elapsed().as_secs_f64(),
+            snapshot_bytes = self.model.as_ref().map_or(0, |(m, _)| m.len()),
+            runs = self.runs_to_replay.len(),
+            "{what}"
+        );
+    }
+}
+
 /// Outcome of `append_run`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Appended {
