@@ -23,6 +23,16 @@ impl Name {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// Whether both are the same allocation (so certainly equal), without reading the text.
+    pub fn same_allocation(a: &Self, b: &Self) -> bool {
+        Arc::ptr_eq(&a.0, &b.0)
+    }
+
+    /// Where the text lives, for a cache keyed by allocation.
+    pub(crate) fn address(&self) -> usize {
+        self.0.as_ptr() as usize
+    }
 }
 
 impl Deref for Name {

@@ -86,6 +86,22 @@ pub fn check_devices(
     }
 }
 
+/// Whether [`check_node_kind`] passes, without building a reason: ranking's per-node test, with
+/// the reason written only for a node that fails it.
+#[inline]
+pub(crate) fn node_kind_fits(node: &NodeState, pod: &PodSpec) -> bool {
+    matches!(node.health, NodeHealth::Healthy)
+        && pod.gpus <= node.free_devices
+        && pod.cpu_milli
+            <= node
+                .cpu_allocatable_milli
+                .saturating_sub(node.cpu_requested_milli)
+        && pod.memory_bytes
+            <= node
+                .memory_allocatable_bytes
+                .saturating_sub(node.memory_requested_bytes)
+}
+
 /// [`check_node`] with the reason's category.
 pub fn check_node_kind(node: &NodeState, pod: &PodSpec) -> Result<(), (RejectionKind, String)> {
     match &node.health {
@@ -215,6 +231,60 @@ mod tests {
             count: 8,
             memory_bytes: mem_gib << 30,
         }
+    }
+
+    #[test]
+    fn the_fast_fit_test_agrees_with_the_reasoned_one() {
+        let healths = [
+            NodeHealth::Healthy,
+            NodeHealth::Stale { age_seconds: 9.0 },
+            NodeHealth::Unhealthy { reason: "x".into() },
+        ];
+        let mut checked = 0;
+        for health in &healths {
+            for (free, gpus) in [(0, 0), (0, 1), (2, 2), (2, 3)] {
+                for (alloc, used, asked) in [
+                    (0, 0, 0),
+                    (4000, 3000, 1000),
+                    (4000, 3000, 1001),
+                    (1, 2, 0),
+                    (1, 2, 1),
+                ] {
+                    let node = NodeState {
+                        name: "n".into(),
+                        profile: profile("nvidia", "T4", 16),
+                        free_devices: free,
+                        cpu_allocatable_milli: alloc,
+                        cpu_requested_milli: used,
+                        memory_allocatable_bytes: alloc << 20,
+                        memory_requested_bytes: used << 20,
+                        health: health.clone(),
+                    };
+                    for (cpu, memory) in [(asked, 0), (0, asked << 20), (asked, asked << 20)] {
+                        let pod = PodSpec {
+                            namespace: "d".into(),
+                            name: "p".into(),
+                            class: None,
+                            gpus,
+                            cpu_milli: cpu,
+                            memory_bytes: memory,
+                            work_units: None,
+                            deadline_seconds: None,
+                            gang: None,
+                            vendors: Vec::new(),
+                        };
+                        let fits = node_kind_fits(&node, &pod);
+                        assert_eq!(
+                            fits,
+                            check_node_kind(&node, &pod).is_ok(),
+                            "{node:?} {pod:?}"
+                        );
+                        checked += usize::from(fits);
+                    }
+                }
+            }
+        }
+        assert!(checked > 10, "some pods fit: {checked}");
     }
 
     #[test]

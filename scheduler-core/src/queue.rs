@@ -138,6 +138,7 @@ impl DefaultPlugins {
     /// Both plugins in one pass over the node's CPU, memory and (when the pod requests devices)
     /// GPU resource, skipping what the node does not have: `(NodeResourcesFit LeastAllocated,
     /// BalancedAllocation)`, each 0..=100.
+    #[inline]
     fn scores(&self, node: &NodeState) -> (u64, u64) {
         let count = u64::from(node.profile.count);
         let gpus = u64::from(self.gpus);
@@ -210,6 +211,7 @@ impl DefaultPlugins {
     }
 
     /// Both plugins at weight 1, 0..=200.
+    #[inline]
     pub(crate) fn score(&self, node: &NodeState) -> u8 {
         let (least, balanced) = self.scores(node);
         // Each plugin is at most 100.

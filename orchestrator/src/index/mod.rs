@@ -45,6 +45,9 @@ pub type SharedIndex = Arc<RwLock<Index>>;
 /// so Kudos does not reject it; kube-scheduler's own resource fit has the real numbers.
 const UNKNOWN_CPU_MILLI: u64 = 1 << 40;
 const UNKNOWN_MEMORY_BYTES: u64 = 1 << 60;
+/// Distinct vendor and model names the index shares between nodes; more are copied per node
+/// (ranking still matches those profiles, by their text).
+const MAX_INTERNED_NAMES: usize = 64;
 
 /// Why a candidate cannot be ranked when Kudos knows no accelerators on it: no
 /// kudos-device-plugin report and no `kudos.dev/gpu-vendor` label.
@@ -317,10 +320,29 @@ impl Index {
     /// Replaces the plugin configuration (at start, and after the registry persisted a change).
     pub fn set_plugin_config(&mut self, cfg: PluginConfig) {
         self.generation += 1;
+        // Nodes of one profile share its vendor and model names: ranking matches a node's
+        // profile by those allocations before it hashes any text (scheduler-core's node_set).
+        let mut names: Vec<Name> = Vec::new();
+        let mut intern_name = |text: String| match names.iter().find(|n| n.as_str() == text) {
+            Some(n) => n.clone(),
+            None => {
+                let n = Name::from(text);
+                if names.len() < MAX_INTERNED_NAMES {
+                    names.push(n.clone());
+                }
+                n
+            }
+        };
+        let mut intern = |p: ProfileRecord| DeviceProfile {
+            vendor: intern_name(p.vendor),
+            model: intern_name(p.model),
+            count: p.count,
+            memory_bytes: p.memory_bytes,
+        };
         self.profiles = cfg
             .nodes
             .keys()
-            .filter_map(|n| Some((Name::from(n), to_profile(&cfg.profile(n)?))))
+            .filter_map(|n| Some((Name::from(n), intern(cfg.profile(n)?))))
             .collect();
         self.plugin_config = cfg;
     }

@@ -225,6 +225,45 @@ fn plugin_report_wins_over_labels_and_unknown_nodes_are_named() {
     assert_eq!(unknown[0].0, "ghost");
 }
 
+/// Nodes whose plugins report one model share its names (ranking matches profiles by them),
+/// and keep their own device counts; another model has its own.
+#[test]
+fn nodes_of_one_model_share_its_names() {
+    let mut idx = mk_index();
+    let names = ["a", "b", "c"];
+    idx.reset_nodes(
+        names
+            .iter()
+            .map(|n| node_info(&mk_node(n, 2, true), GPU))
+            .collect(),
+    );
+    let mut cfg = PluginConfig::default();
+    for (node, model, devices) in [("a", "H100", 2), ("b", "H100", 1), ("c", "A100", 2)] {
+        let devices = (0..devices)
+            .map(|i| crate::state::DeviceRecord {
+                id: format!("nvidia-{i}"),
+                model: model.into(),
+                memory_bytes: 80 << 30,
+                ..Default::default()
+            })
+            .collect();
+        let entry = crate::state::VendorEntry {
+            vendor_resource_name: "nvidia.com/gpu".into(),
+            devices,
+            plugin_version: "1".into(),
+        };
+        cfg.upsert(node, "nvidia", entry, GPU);
+    }
+    idx.set_plugin_config(cfg);
+    let [a, b, c] = names.map(|n| state(&idx, n, 0.0).profile);
+    assert!(
+        Name::same_allocation(&a.model, &b.model) && Name::same_allocation(&a.vendor, &b.vendor)
+    );
+    assert_eq!((a.count, b.count), (2, 1));
+    assert!(!Name::same_allocation(&a.model, &c.model) && *c.model == *"A100");
+    assert!(Name::same_allocation(&a.vendor, &c.vendor));
+}
+
 /// A run's in-progress snapshots and its final report (same run ID) are one observation, and
 /// the class's latest third queue is kept for `/explain`.
 #[test]

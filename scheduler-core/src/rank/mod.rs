@@ -156,6 +156,8 @@ pub(super) struct Scratch {
     profiles: Vec<ProfileRow>,
     /// Profile keys (`DeviceProfile::key`), reused: profile `i` uses `profile_keys[i]`.
     profile_keys: Vec<String>,
+    /// Recently matched profiles (index + 1, 0 for none), by the model name's allocation.
+    recent_profiles: [u32; node_set::RECENT_SLOTS],
     rows: Vec<Row>,
     /// Evaluations of nodes with their own history (or their own Thompson draw).
     evals: Vec<Eval>,

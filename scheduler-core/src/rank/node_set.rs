@@ -4,7 +4,8 @@ use std::fmt::Write as _;
 use std::hash::Hasher as _;
 
 use super::{Call, Eval, ProfileRow, Row, SHARED, Scratch};
-use crate::nodeset::{check_devices, check_node_kind};
+use crate::Name;
+use crate::nodeset::{check_devices, check_node_kind, node_kind_fits};
 use crate::predict::NameHasher;
 use crate::types::{DeviceProfile, Rejection};
 
@@ -14,9 +15,12 @@ use crate::types::{DeviceProfile, Rejection};
 pub(super) fn node_set(call: &Call<'_>, s: &mut Scratch) -> Vec<Rejection> {
     s.rows.clear();
     s.profiles.clear();
+    s.recent_profiles = [0; RECENT_SLOTS];
     let mut rejected = Vec::new();
     for (i, node) in call.nodes.iter().enumerate() {
-        if let Err((kind, reason)) = check_node_kind(node, call.pod) {
+        if !node_kind_fits(node, call.pod)
+            && let Err((kind, reason)) = check_node_kind(node, call.pod)
+        {
             rejected.push(Rejection {
                 node: node.name.clone(),
                 reason,
@@ -84,7 +88,39 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 
 /// The index of node `i`'s profile in [`Scratch::profiles`], added (and class-checked) when new.
 /// Nodes share few profiles: a linear search comparing hashes, the fields only on a hash match.
+/// (Before that, a look among the recently matched profiles for the same allocations.)
 fn profile_index(call: &Call<'_>, s: &mut Scratch, i: usize) -> usize {
+    let profile = &call.nodes[i].profile;
+    // Callers that intern profiles (the orchestrator's index does) give nodes of one profile
+    // the same vendor and model allocations: a node whose allocations a recent node had is
+    // matched without hashing or comparing text.
+    // Fibonacci hashing of the address: allocations are a few words apart.
+    let slot =
+        (profile.model.address() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - RECENT_BITS);
+    let slot = slot as usize;
+    if let Some(p) = s.recent_profiles[slot].checked_sub(1).map(|p| p as usize)
+        && same_allocations(&call.nodes[s.profiles[p].first as usize].profile, profile)
+    {
+        return p;
+    }
+    let p = profile_index_by_content(call, s, i);
+    s.recent_profiles[slot] = p as u32 + 1;
+    p
+}
+
+/// Profiles in [`Scratch::recent_profiles`].
+pub(super) const RECENT_SLOTS: usize = 1 << RECENT_BITS;
+const RECENT_BITS: u32 = 4;
+
+fn same_allocations(a: &DeviceProfile, b: &DeviceProfile) -> bool {
+    a.count == b.count
+        && a.memory_bytes == b.memory_bytes
+        && Name::same_allocation(&a.model, &b.model)
+        && Name::same_allocation(&a.vendor, &b.vendor)
+}
+
+/// [`profile_index`] by the profile's text.
+fn profile_index_by_content(call: &Call<'_>, s: &mut Scratch, i: usize) -> usize {
     let profile = &call.nodes[i].profile;
     let h = profile_hash(profile);
     if let Some(p) = s

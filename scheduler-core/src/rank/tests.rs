@@ -3,7 +3,6 @@
 //! every exploration rule, both one-sided merge weights, deadlines, declared work and GPU counts.
 
 use super::*;
-use crate::Scheduler;
 use crate::config::MergeWeights;
 use crate::nodeset::{check_devices, check_node_kind};
 use crate::predict::{predict_node, predict_profile_for};
@@ -12,6 +11,7 @@ use crate::review::{good_probability, threshold};
 use crate::score::{decay, explored_log_time, good_rate, to_score};
 use crate::tests::{node, pod, run};
 use crate::types::{NodeHealth, Review};
+use crate::{Name, Scheduler};
 
 /// Steps 1 to 5 for each node on its own, from their definitions: no per-profile sharing, no
 /// scratch, and the merge as the two queues' sorts followed by [`queue::merge`].
@@ -162,6 +162,31 @@ fn cluster() -> Vec<NodeState> {
         .collect()
 }
 
+/// The cluster as an interning caller gives it: nodes of one model share its vendor and model
+/// allocations, and some of them differ in device count or memory all the same (a profile
+/// matched by allocation must still be the node's own).
+fn interned(mut nodes: Vec<NodeState>) -> Vec<NodeState> {
+    let mut pool: Vec<Name> = Vec::new();
+    let mut intern = |n: &Name| match pool.iter().find(|p| p.as_str() == n.as_str()) {
+        Some(p) => p.clone(),
+        None => {
+            pool.push(n.clone());
+            n.clone()
+        }
+    };
+    for (i, n) in nodes.iter_mut().enumerate() {
+        n.profile.vendor = intern(&n.profile.vendor);
+        n.profile.model = intern(&n.profile.model);
+        if i % 6 == 4 {
+            n.profile.count *= 2;
+        }
+        if i % 9 == 8 {
+            n.profile.memory_bytes /= 2;
+        }
+    }
+    nodes
+}
+
 fn trained(config: SchedulerConfig, nodes: &[NodeState]) -> Scheduler {
     let mut s = Scheduler::new(config);
     let mut t = 1_000.0;
@@ -226,13 +251,16 @@ fn steps_compose_to_the_per_node_definition() {
         },
     ];
     let mut compared = 0;
+    let shared = interned(nodes.clone());
     for config in configs {
         let s = trained(config, &nodes);
         for p in &pods {
             for (now, seed) in [(5_000.0, 1), (90_000.0, 2)] {
-                let got = s.rank(p, &nodes, now, seed);
-                assert_eq!(got, reference(&s, p, &nodes, now, seed), "pod {p:?}");
-                compared += got.entries.len();
+                for nodes in [&nodes, &shared] {
+                    let got = s.rank(p, nodes, now, seed);
+                    assert_eq!(got, reference(&s, p, nodes, now, seed), "pod {p:?}");
+                    compared += got.entries.len();
+                }
             }
         }
     }
