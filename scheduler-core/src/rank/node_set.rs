@@ -94,9 +94,12 @@ fn profile_index(call: &Call<'_>, s: &mut Scratch, i: usize) -> usize {
     // Callers that intern profiles (the orchestrator's index does) give nodes of one profile
     // the same vendor and model allocations: a node whose allocations a recent node had is
     // matched without hashing or comparing text.
-    // Fibonacci hashing of the address: allocations are a few words apart.
-    let slot =
-        (profile.model.address() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - RECENT_BITS);
+    // Fibonacci hashing of the address (allocations are a few words apart) with the count and
+    // memory mixed in: nodes of one model often differ in device count.
+    let identity = profile.model.address() as u64
+        ^ (u64::from(profile.count) << 48)
+        ^ profile.memory_bytes.rotate_left(17);
+    let slot = identity.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - RECENT_BITS);
     let slot = slot as usize;
     if let Some(p) = s.recent_profiles[slot].checked_sub(1).map(|p| p as usize)
         && same_allocations(&call.nodes[s.profiles[p].first as usize].profile, profile)
@@ -110,7 +113,7 @@ fn profile_index(call: &Call<'_>, s: &mut Scratch, i: usize) -> usize {
 
 /// Profiles in [`Scratch::recent_profiles`].
 pub(super) const RECENT_SLOTS: usize = 1 << RECENT_BITS;
-const RECENT_BITS: u32 = 4;
+const RECENT_BITS: u32 = 5;
 
 fn same_allocations(a: &DeviceProfile, b: &DeviceProfile) -> bool {
     a.count == b.count
