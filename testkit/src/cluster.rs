@@ -198,8 +198,14 @@ pub fn write_kubeconfig(path: &Path, server: &str, ca: &Path, token: &str) -> Re
     Ok(())
 }
 
-/// The `KubeSchedulerConfiguration` (v1) for kube-scheduler.
-pub fn scheduler_config(kubeconfig: &Path, qps: u32, extender: Option<&ExtenderOptions>) -> String {
+/// The `KubeSchedulerConfiguration` (v1) for kube-scheduler. `scheduler_name`: the one profile's
+/// `schedulerName` (`None`: `default-scheduler`, upstream's default).
+pub fn scheduler_config(
+    kubeconfig: &Path,
+    qps: u32,
+    extender: Option<&ExtenderOptions>,
+    scheduler_name: Option<&str>,
+) -> String {
     let mut s = format!(
         "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n\
          clientConnection:\n  kubeconfig: {}\n  qps: {qps}\n  burst: {}\n\
@@ -208,6 +214,9 @@ pub fn scheduler_config(kubeconfig: &Path, qps: u32, extender: Option<&ExtenderO
         kubeconfig.display(),
         qps * 2
     );
+    if let Some(name) = scheduler_name {
+        s.push_str(&format!("profiles:\n- schedulerName: {name}\n"));
+    }
     if let Some(e) = extender {
         s.push_str("extenders:\n");
         s.push_str(&format!("- urlPrefix: {}\n", e.url_prefix));
@@ -371,20 +380,52 @@ impl ControlPlane {
 
     /// Starts kube-scheduler (stopped first on drop).
     pub fn start_scheduler(&mut self, qps: u32, extender: Option<&ExtenderOptions>) -> Result<()> {
-        let cfg = self.dir.join("scheduler-config.yaml");
-        std::fs::write(&cfg, scheduler_config(&self.kubeconfig, qps, extender))?;
+        self.spawn_scheduler(qps, extender, None)
+    }
+
+    /// Starts a second kube-scheduler whose one profile is `scheduler_name` (pods that name it
+    /// in `spec.schedulerName`), as the chart installs Kudos' own scheduler beside the
+    /// cluster's. Its process is `kube-scheduler-<name>`, its log `kube-scheduler-<name>.log`.
+    pub fn start_named_scheduler(
+        &mut self,
+        qps: u32,
+        extender: Option<&ExtenderOptions>,
+        scheduler_name: &str,
+    ) -> Result<()> {
+        self.spawn_scheduler(qps, extender, Some(scheduler_name))
+    }
+
+    fn spawn_scheduler(
+        &mut self,
+        qps: u32,
+        extender: Option<&ExtenderOptions>,
+        scheduler_name: Option<&str>,
+    ) -> Result<()> {
+        let proc_name = match scheduler_name {
+            Some(n) => format!("kube-scheduler-{n}"),
+            None => "kube-scheduler".to_string(),
+        };
+        let cfg = self.dir.join(format!("{proc_name}-config.yaml"));
+        std::fs::write(
+            &cfg,
+            scheduler_config(&self.kubeconfig, qps, extender, scheduler_name),
+        )?;
         let mut cmd = Command::new(upstream_bin("kube-scheduler"));
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd.args([
             format!("--config={}", cfg.display()),
             "--bind-address=127.0.0.1".into(),
             format!("--secure-port={}", free_port()),
-            format!("--cert-dir={}", self.dir.join("scheduler-certs").display()),
+            format!(
+                "--cert-dir={}",
+                self.dir.join(format!("{proc_name}-certs")).display()
+            ),
             format!("--authentication-kubeconfig={}", self.kubeconfig.display()),
             format!("--authorization-kubeconfig={}", self.kubeconfig.display()),
             "--v=2".into(),
         ]);
-        let p = Proc::spawn("kube-scheduler", cmd, &self.dir.join("kube-scheduler.log"))?;
+        let log = self.dir.join(format!("{proc_name}.log"));
+        let p = Proc::spawn(&proc_name, cmd, &log)?;
         self.procs.push(p);
         Ok(())
     }

@@ -28,7 +28,8 @@ const CLASSES: [&str; 4] = ["resnet50", "transformer", "lm", "recommendation"];
 const HELP: &str = "\
 kudos-e2e-throughput: pods/s through the real kube-scheduler, with and without an extender
 
-USAGE: kudos-e2e-throughput [--pods N] [--nodes N] [--non-gpu F] [--qps Q] [--modes M,M,...]
+USAGE: kudos-e2e-throughput [--pods N] [--nodes N] [--non-gpu F] [--qps Q] [--pin A:B]
+                            [--modes M,M,...]
 
   --pods N       pending pods per mode (default 1000)
   --nodes N      Node objects (default: the 1,213 Alibaba 2023 GPU-node shapes; fewer takes the
@@ -36,6 +37,12 @@ USAGE: kudos-e2e-throughput [--pods N] [--nodes N] [--non-gpu F] [--qps Q] [--mo
   --non-gpu F    fraction of pods that ask for CPU and memory only (default 0; 0.9 is the mixed
                  workload: the extender's managedResources keeps them away from it)
   --qps Q        kube-scheduler's API client QPS and burst (default 1000)
+  --pin A:B      CPU lists (taskset -c syntax), e.g. 0:1: the cluster's kube-scheduler runs on
+                 A, everything else of the run (etcd, kube-apiserver, Kudos' own scheduler, the
+                 orchestrator, this tool and its do-nothing extender) on B, from the moment the
+                 schedulers start. On a small machine this gives the cluster's scheduler CPU of
+                 its own, as a control plane has where Kudos runs on other nodes; without it
+                 every mode shares all CPUs and throughput follows total CPU per pod
   --modes M,...  any of (default baseline,null-extender,kudos):
                    baseline          no extender
                    null-extender     a do-nothing extender with the verbs the kudos mode uses
@@ -44,6 +51,13 @@ USAGE: kudos-e2e-throughput [--pods N] [--nodes N] [--non-gpu F] [--qps Q] [--mo
                    kudos             kudos-orchestrator as deploy/scheduler configures it
                    kudos-prioritize  the same without filter
                    kudos-no-events   kudos without its one Event per pod (--pod-events false)
+                   kudos-own-scheduler
+                                     as the chart installs Kudos: the cluster's kube-scheduler
+                                     untouched, a second one (schedulerName kudos) with the
+                                     kudos extender; GPU pods name it, as the chart's webhook
+                                     sets it (pods are created before either scheduler starts)
+                   null-extender-own-scheduler
+                                     the same with the do-nothing extender
 
 Needs etcd, kube-apiserver and kube-scheduler in e2e/_out/bin (e2e/build) and
 kudos-orchestrator in target/debug or $KUDOS_BIN_DIR (use a release build for figures).
@@ -55,6 +69,8 @@ struct Opts {
     modes: Vec<String>,
     nodes: Option<usize>,
     non_gpu: f64,
+    /// `(cluster scheduler's CPUs, everything else's)`, taskset lists.
+    pin: Option<(String, String)>,
 }
 
 fn parse() -> Result<Opts> {
@@ -64,6 +80,7 @@ fn parse() -> Result<Opts> {
         modes: vec!["baseline".into(), "null-extender".into(), "kudos".into()],
         nodes: None,
         non_gpu: 0.0,
+        pin: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -73,6 +90,23 @@ fn parse() -> Result<Opts> {
             "--qps" => o.qps = v()?.parse().context("--qps")?,
             "--nodes" => o.nodes = Some(v()?.parse().context("--nodes")?),
             "--non-gpu" => o.non_gpu = v()?.parse().context("--non-gpu")?,
+            "--pin" => {
+                let spec = v()?;
+                let Some((a, b)) = spec.split_once(':') else {
+                    bail!("--pin wants two CPU lists as A:B (e.g. 0:1), got {spec}");
+                };
+                let ok = |l: &str| {
+                    !l.is_empty()
+                        && l.chars()
+                            .all(|c| c.is_ascii_digit() || c == ',' || c == '-')
+                };
+                if !ok(a) || !ok(b) {
+                    bail!(
+                        "--pin wants CPU lists of digits, ',' and '-' (e.g. 0:1 or 0-1:2-3), got {spec}"
+                    );
+                }
+                o.pin = Some((a.to_string(), b.to_string()));
+            }
             "--modes" => o.modes = v()?.split(',').map(str::to_string).collect(),
             "-h" | "--help" => {
                 print!("{HELP}");
@@ -92,14 +126,20 @@ fn parse() -> Result<Opts> {
     Ok(o)
 }
 
-const MODES: [&str; 6] = [
+const MODES: [&str; 8] = [
     "baseline",
     "null-extender",
     "null-extender-fp",
     "kudos",
     "kudos-prioritize",
     "kudos-no-events",
+    "kudos-own-scheduler",
+    "null-extender-own-scheduler",
 ];
+
+/// The `schedulerName` of Kudos' own kube-scheduler in the `*-own-scheduler` modes (the chart's
+/// `scheduler.schedulerName` default).
+const OWN_SCHEDULER: &str = "kudos";
 
 /// Whether pod `i` asks for no GPU: spreads `fraction` of the pods evenly through the queue.
 fn is_non_gpu(i: usize, fraction: f64) -> bool {
@@ -170,7 +210,8 @@ struct Outcome {
     cpu: Vec<(String, f64)>,
 }
 
-fn pod(i: usize, non_gpu: bool) -> Result<Pod> {
+/// Pod `i`; a GPU pod names `gpu_scheduler` when given.
+fn pod(i: usize, non_gpu: bool, gpu_scheduler: Option<&str>) -> Result<Pod> {
     let (res, labels) = if non_gpu {
         (json!({"cpu": "1", "memory": "1Gi"}), json!({}))
     } else {
@@ -179,11 +220,15 @@ fn pod(i: usize, non_gpu: bool) -> Result<Pod> {
             json!({"kudos.dev/class": CLASSES[i % CLASSES.len()]}),
         )
     };
+    let mut spec = json!({"containers": [{"name": "main", "image": "registry.invalid/none:0",
+                          "resources": {"requests": res, "limits": res}}]});
+    if let (Some(name), false) = (gpu_scheduler, non_gpu) {
+        spec["schedulerName"] = json!(name);
+    }
     Ok(serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": format!("bench-{i:05}"), "labels": labels},
-        "spec": {"containers": [{"name": "main", "image": "registry.invalid/none:0",
-                 "resources": {"requests": res, "limits": res}}]}
+        "spec": spec
     }))?)
 }
 
@@ -202,10 +247,12 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
     let pods: Api<Pod> = Api::namespaced(cp.client.clone(), "default");
     let t = Instant::now();
     let non_gpu: Vec<bool> = (0..o.pods).map(|i| is_non_gpu(i, o.non_gpu)).collect();
+    let own_scheduler = mode.ends_with("-own-scheduler");
+    let gpu_scheduler = own_scheduler.then_some(OWN_SCHEDULER);
     futures::stream::iter(0..o.pods)
         .map(|i| {
             let pods = pods.clone();
-            let p = pod(i, non_gpu[i]);
+            let p = pod(i, non_gpu[i], gpu_scheduler);
             async move {
                 pods.create(&PostParams::default(), &p?).await?;
                 anyhow::Ok(())
@@ -219,7 +266,7 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
     let mut orch = None;
     let extender = match mode {
         "baseline" => None,
-        "null-extender" | "null-extender-fp" => {
+        "null-extender" | "null-extender-fp" | "null-extender-own-scheduler" => {
             let binder = kudos_e2e::null_extender::Binder {
                 client: cp.client.clone(),
                 runtime: tokio::runtime::Handle::current(),
@@ -268,13 +315,29 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
         pids.push(("kudos-orchestrator".into(), orc.pid()));
     }
     let start = Instant::now();
-    cp.start_scheduler(o.qps, extender.as_ref())?;
+    if own_scheduler {
+        cp.start_scheduler(o.qps, None)?;
+        cp.start_named_scheduler(o.qps, extender.as_ref(), OWN_SCHEDULER)?;
+    } else {
+        cp.start_scheduler(o.qps, extender.as_ref())?;
+    }
     pids = cp
         .pids()
         .into_iter()
-        .filter(|(n, _)| n == "kube-scheduler")
+        .filter(|(n, _)| n.starts_with("kube-scheduler"))
         .chain(pids)
         .collect();
+    if let Some((sched_cpus, rest_cpus)) = &o.pin {
+        let own = ("kudos-e2e-throughput".to_string(), std::process::id());
+        for (name, pid) in pids.iter().chain([&own]) {
+            let cpus = if name == "kube-scheduler" {
+                sched_cpus
+            } else {
+                rest_cpus
+            };
+            pin(name, *pid, cpus)?;
+        }
+    }
     let cpu0: Vec<f64> = pids
         .iter()
         .map(|(_, p)| kudos_e2e::proc::cpu_seconds(*p).unwrap_or(0.0))
@@ -351,6 +414,21 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
     })
 }
 
+/// Moves every thread of `pid` (threads made later inherit it) to the CPUs of `cpus`.
+fn pin(name: &str, pid: u32, cpus: &str) -> Result<()> {
+    let out = std::process::Command::new("taskset")
+        .args(["-a", "-p", "-c", cpus, &pid.to_string()])
+        .output()
+        .context("run taskset (util-linux) for --pin")?;
+    if !out.status.success() {
+        bail!(
+            "taskset -a -p -c {cpus} {pid} ({name}): {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
 /// Mean extender handling time per verb (ms, count) from the orchestrator's own histogram.
 fn extender_means(metrics: &str) -> Vec<(String, f64, u64)> {
     let base = "kudos_orchestrator_extender_request_duration_seconds";
@@ -409,7 +487,7 @@ async fn main() -> Result<()> {
         out.push(run_mode(m, &o).await?);
     }
     println!(
-        "{:<17} {:>6} {:>6} {:>6} {:>12} {:>12} {:>9} {:>9} {:>9}",
+        "{:<27} {:>6} {:>6} {:>6} {:>12} {:>12} {:>9} {:>9} {:>9}",
         "mode",
         "nodes",
         "pods",
@@ -422,7 +500,7 @@ async fn main() -> Result<()> {
     );
     for r in &out {
         println!(
-            "{:<17} {:>6} {:>6} {:>6} {:>11.2}s {:>11.2}s {:>9.1} {:>9.1} {:>9.1}",
+            "{:<27} {:>6} {:>6} {:>6} {:>11.2}s {:>11.2}s {:>9.1} {:>9.1} {:>9.1}",
             r.mode,
             r.nodes,
             r.all.pods,
@@ -495,6 +573,14 @@ fn ratios(out: &[Outcome]) -> Vec<(String, serde_json::Value)> {
         if let (Some(a), Some(b)) = (find(k), find("null-extender")) {
             put(format!("{k}/null-extender gpu"), a.gpu.rate(), b.gpu.rate());
         }
+    }
+    let own = "null-extender-own-scheduler";
+    if let (Some(a), Some(b)) = (find("kudos-own-scheduler"), find(own)) {
+        put(
+            format!("kudos-own-scheduler/{own} gpu"),
+            a.gpu.rate(),
+            b.gpu.rate(),
+        );
     }
     v
 }
