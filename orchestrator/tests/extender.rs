@@ -387,6 +387,37 @@ async fn prioritize_reuses_the_filter_ranking_until_something_changes() {
     assert_eq!(verb(&e), "prioritize");
 }
 
+/// Another scheduler binding pods without devices (the cluster's own, beside Kudos' scheduler)
+/// changes only CPU and memory in use, which kube-scheduler checks from its own snapshot: the
+/// filter ranking is still reused. A pod that takes devices is not.
+#[tokio::test]
+async fn prioritize_reuse_survives_pods_without_devices_binding_in_between() {
+    let index = standard_index();
+    let app = mk_app(index.clone());
+    let mut pod = pod_json("r", Some("resnet50"), 1);
+    pod["metadata"]["annotations"] = serde_json::json!({"kudos.dev/vendors": "nvidia,amd"});
+    let args = |nodes: &[&str]| {
+        serde_json::to_vec(&serde_json::json!({"Pod": pod, "NodeNames": nodes})).unwrap()
+    };
+    let verb = |v: &Value| v["verb"].as_str().unwrap().to_owned();
+    let bound = |name: &str, gpus: u32| {
+        let mut p = pod_json(name, None, gpus);
+        p["spec"]["nodeName"] = serde_json::json!("gpu-a");
+        let p: k8s_openapi::api::core::v1::Pod = serde_json::from_value(p).unwrap();
+        kudos_orchestrator::kobj::pod_facts(&p, "kudos.dev/gpu").unwrap()
+    };
+    post(&app, "/kudos/v1/filter", args(&["gpu-a", "gpu-b"])).await;
+    index.write().apply_pod(&bound("web", 0));
+    post(&app, "/kudos/v1/prioritize", args(&["gpu-a", "gpu-b"])).await;
+    let (_, e) = get(&app, "/explain/default/r").await;
+    assert_eq!(verb(&e), "filter", "reused across a pod without devices");
+    post(&app, "/kudos/v1/filter", args(&["gpu-a", "gpu-b"])).await;
+    index.write().apply_pod(&bound("train", 1));
+    post(&app, "/kudos/v1/prioritize", args(&["gpu-a", "gpu-b"])).await;
+    let (_, e) = get(&app, "/explain/default/r").await;
+    assert_eq!(verb(&e), "prioritize", "ranked again after a GPU pod bound");
+}
+
 #[tokio::test]
 async fn body_limit_and_bad_json() {
     let app = mk_app(standard_index());

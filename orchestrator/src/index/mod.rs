@@ -93,7 +93,11 @@ pub struct Index {
     nodes_synced: bool,
     pods_synced: bool,
     /// Bumped by every write that can change a ranking (heartbeats excepted: they only
-    /// matter through staleness, which is judged at call time).
+    /// matter through staleness, which is judged at call time), except pods that hold no
+    /// devices: what they change is CPU and memory in use, which kube-scheduler checks and
+    /// scores from its own snapshot of the cycle. The extender's filter → prioritize reuse
+    /// compares it, and in a busy cluster other schedulers bind such pods between the two calls
+    /// of nearly every GPU pod.
     generation: u64,
     /// The latest node-monitoring pass (rollout enabled only), see [`crate::rollout`].
     monitor: Option<MonitorView>,
@@ -255,9 +259,11 @@ impl Index {
 
     /// Adds, replaces or (when ended or unbound) removes a pod's resource use.
     pub fn apply_pod(&mut self, pod: &PodFacts) {
-        self.generation += 1;
         let key = pod_key(pod);
-        self.remove_pod(&key);
+        let held = self.remove_pod(&key);
+        if pod.requests.gpus > 0 || held.is_some_and(|r| r.gpus > 0) {
+            self.generation += 1;
+        }
         if pod.terminated {
             self.ended.insert(key.clone(), ());
         }
@@ -269,18 +275,21 @@ impl Index {
 
     /// Removes a pod.
     pub fn delete_pod(&mut self, pod: &PodFacts) {
-        self.generation += 1;
         let key = pod_key(pod);
         self.ended.insert(key.clone(), ());
-        self.remove_pod(&key);
+        let held = self.remove_pod(&key);
+        if pod.requests.gpus > 0 || held.is_some_and(|r| r.gpus > 0) {
+            self.generation += 1;
+        }
     }
 
-    fn remove_pod(&mut self, key: &str) {
-        if let Some((node, r)) = self.pods.remove(key)
-            && let Some(u) = self.used.get_mut(&node)
-        {
+    /// Forgets a pod's resource use; returns what it held.
+    fn remove_pod(&mut self, key: &str) -> Option<Requests> {
+        let (node, r) = self.pods.remove(key)?;
+        if let Some(u) = self.used.get_mut(&node) {
             u.sub(r);
         }
+        Some(r)
     }
 
     /// Replaces all pods and marks pods synced.

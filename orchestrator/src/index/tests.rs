@@ -352,3 +352,26 @@ fn failed_runs_count_per_vendor_and_in_progress_snapshots_do_not() {
     assert!(why.contains("failed 3 times"), "{why}");
     assert_eq!(state.vendor_excluded("llm", "nvidia"), None);
 }
+
+#[test]
+fn only_pods_that_hold_devices_change_the_ranking_generation() {
+    let mut idx = mk_index();
+    idx.reset_nodes(vec![node_info(&mk_node("n1", 4, true), GPU)]);
+    let g = idx.generation();
+    let web = pod_facts(&mk_pod("web", Some("n1"), 0, "Running"), GPU).unwrap();
+    idx.apply_pod(&web);
+    assert_eq!(state(&idx, "n1", 0.0).cpu_requested_milli, 1000);
+    idx.delete_pod(&web);
+    assert_eq!(
+        idx.generation(),
+        g,
+        "a pod without devices changes only CPU and memory in use"
+    );
+    assert_eq!(state(&idx, "n1", 0.0).cpu_requested_milli, 0);
+    idx.apply_pod(&pod_facts(&mk_pod("train", Some("n1"), 1, "Running"), GPU).unwrap());
+    let bound = idx.generation();
+    assert!(bound > g, "a bound GPU pod takes devices");
+    idx.apply_pod(&pod_facts(&mk_pod("train", Some("n1"), 1, "Succeeded"), GPU).unwrap());
+    assert!(idx.generation() > bound, "an ended GPU pod frees them");
+    assert_eq!(state(&idx, "n1", 0.0).free_devices, 4);
+}
