@@ -404,7 +404,7 @@ async fn prioritize_reuse_survives_pods_without_devices_binding_in_between() {
         let mut p = pod_json(name, None, gpus);
         p["spec"]["nodeName"] = serde_json::json!("gpu-a");
         let p: k8s_openapi::api::core::v1::Pod = serde_json::from_value(p).unwrap();
-        kudos_orchestrator::kobj::pod_facts(&p, "kudos.dev/gpu").unwrap()
+        kudos_orchestrator::kobj::pod_facts(&p, UNIFIED).unwrap()
     };
     post(&app, "/kudos/v1/filter", args(&["gpu-a", "gpu-b"])).await;
     index.write().apply_pod(&bound("web", 0));

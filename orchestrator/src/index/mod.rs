@@ -261,9 +261,7 @@ impl Index {
     pub fn apply_pod(&mut self, pod: &PodFacts) {
         let key = pod_key(pod);
         let held = self.remove_pod(&key);
-        if pod.requests.gpus > 0 || held.is_some_and(|r| r.gpus > 0) {
-            self.generation += 1;
-        }
+        self.pod_changed(pod.requests, held);
         if pod.terminated {
             self.ended.insert(key.clone(), ());
         }
@@ -278,7 +276,13 @@ impl Index {
         let key = pod_key(pod);
         self.ended.insert(key.clone(), ());
         let held = self.remove_pod(&key);
-        if pod.requests.gpus > 0 || held.is_some_and(|r| r.gpus > 0) {
+        self.pod_changed(pod.requests, held);
+    }
+
+    /// Bumps the generation for a pod event that can move devices: the pod asks for some now
+    /// (`requests`) or held some before (`held`). See the field for why others do not.
+    fn pod_changed(&mut self, requests: Requests, held: Option<Requests>) {
+        if requests.gpus > 0 || held.is_some_and(|r| r.gpus > 0) {
             self.generation += 1;
         }
     }
