@@ -133,6 +133,7 @@ mod tests {
             default_score: 100.0,
             merged_score: 300.0,
             rank,
+            candidate: rank - 1,
         }
     }
 

@@ -387,6 +387,72 @@ async fn prioritize_reuses_the_filter_ranking_until_something_changes() {
     assert_eq!(verb(&e), "prioritize");
 }
 
+/// kube-scheduler never sends a node twice, but a client may: each occurrence gets the answer
+/// the node gets, the ranking lists it once, and unknown names are reported once.
+#[tokio::test]
+async fn a_repeated_node_name_gets_the_same_answer_at_each_place() {
+    let app = mk_app(standard_index());
+    // gpu-b's devices are AMD: the pod says it can use them.
+    let args = |pod: &str, nodes: &[&str]| {
+        let mut pod = pod_json(pod, Some("resnet50"), 1);
+        pod["metadata"]["annotations"] = serde_json::json!({"kudos.dev/vendors": "nvidia,amd"});
+        serde_json::to_vec(&serde_json::json!({"Pod": pod, "NodeNames": nodes})).unwrap()
+    };
+    let (status, f) = post(
+        &app,
+        "/kudos/v1/filter",
+        args(
+            "f",
+            &["gpu-a", "gpu-stale", "gpu-b", "gpu-a", "ghost", "ghost"],
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{f}");
+    assert_eq!(
+        f["NodeNames"],
+        serde_json::json!(["gpu-a", "gpu-b", "gpu-a"])
+    );
+    assert!(f["FailedNodes"]["gpu-stale"].is_string(), "{f}");
+    assert!(f["FailedAndUnresolvableNodes"]["ghost"].is_string(), "{f}");
+    let (_, e) = get(&app, "/explain/default/f").await;
+    let ranked: Vec<&str> = e["ranking"]["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(ranked.len(), 2, "each node ranked once: {ranked:?}");
+    assert_eq!(e["unknownNodesTotal"], 1, "{e}");
+
+    let (_, once) = post(
+        &app,
+        "/kudos/v1/prioritize",
+        args("p1", &["gpu-b", "gpu-a"]),
+    )
+    .await;
+    let (_, twice) = post(
+        &app,
+        "/kudos/v1/prioritize",
+        args("p2", &["gpu-b", "gpu-a", "gpu-b", "ghost"]),
+    )
+    .await;
+    let hosts: Vec<&str> = twice
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["Host"].as_str().unwrap())
+        .collect();
+    assert_eq!(hosts, ["gpu-b", "gpu-a", "gpu-b", "ghost"]);
+    assert_eq!(twice[0]["Score"], once[0]["Score"]);
+    assert_eq!(twice[1]["Score"], once[1]["Score"]);
+    assert_eq!(twice[2]["Score"], once[0]["Score"]);
+    assert_eq!(twice[3]["Score"], 0, "an unknown node gets no opinion");
+    assert_ne!(
+        once[0]["Score"], once[1]["Score"],
+        "the two nodes must score apart for the test to tell them apart: {once}"
+    );
+}
+
 /// Another scheduler binding pods without devices (the cluster's own, beside Kudos' scheduler)
 /// changes only CPU and memory in use, which kube-scheduler checks from its own snapshot: the
 /// filter ranking is still reused. A pod that takes devices is not.

@@ -243,6 +243,12 @@ pub struct RankEntry {
     pub merged_score: f64,
     /// 1-based position in the recommended queue.
     pub rank: usize,
+    /// Position of this node in the `nodes` that were ranked, so that a caller joins the answer
+    /// back to its own input by index rather than by looking names up (at thousands of nodes a
+    /// map from name to score cost the extender as much as a tenth of a call). Not serialised: it
+    /// means nothing without that input.
+    #[serde(skip)]
+    pub candidate: usize,
 }
 
 /// The answer of [`crate::Scheduler::rank`].

@@ -189,7 +189,17 @@ proptest! {
         shuffled.reverse();
         let k = rotate % shuffled.len();
         shuffled.rotate_left(k);
-        let b = s.rank(&pod(true), &shuffled, 10_000.0, seed);
+        let mut b = s.rank(&pod(true), &shuffled, 10_000.0, seed);
+        // Each entry points back at its node in the input it was given.
+        for (r, input) in [(&a, &nodes), (&b, &shuffled)] {
+            for e in &r.entries {
+                prop_assert_eq!(&input[e.candidate].name, &e.node);
+            }
+        }
+        // Apart from those positions, the order of the input changes nothing.
+        for (x, y) in b.entries.iter_mut().zip(&a.entries) {
+            x.candidate = y.candidate;
+        }
         prop_assert_eq!(&a, &b);
     }
 

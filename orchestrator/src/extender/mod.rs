@@ -23,6 +23,7 @@
 //! - Every ranking is kept for `GET /explain/{namespace}/{pod}`.
 
 pub mod bind;
+mod candidates;
 pub mod ledger;
 pub mod types;
 
@@ -31,6 +32,7 @@ use crate::index::SharedIndex;
 use crate::kobj::{self, NodeInfo, PodFacts};
 use crate::metrics::Metrics;
 use bind::Binder;
+use candidates::Candidates;
 use kudos_scheduler_core::{GangSpec, PodSpec, Ranking};
 use ledger::{Ledger, Reservation};
 use serde::Serialize;
@@ -196,6 +198,9 @@ struct Evaluation {
     gang_error: Option<String>,
     /// Every node Kudos could not rank, with its reason.
     unknown: Vec<crate::index::Unknown>,
+    /// Per candidate name, in request order: the index of its entry in the ranking, or `None`
+    /// (unknown, excluded or rejected). A repeated name shares its first occurrence's entry.
+    entry_of: Vec<Option<u32>>,
 }
 
 /// Current Unix time in seconds.
@@ -372,34 +377,23 @@ impl Extender {
         for (node, gpus) in self.ledger.reserved_by_node(gang_key.as_deref(), now) {
             assumed.entry(node).or_default().gpus += gpus;
         }
-        // scheduler-core expects unique names; kube-scheduler never repeats one, a client might.
-        let mut seen = FastSet::with_capacity_and_hasher(names.len(), Default::default());
         // Nodes node monitoring excludes (rollout enabled) are not ranked; they are reported
         // with the monitor's reason, computed per monitoring pass, not per request.
-        let mut excluded = Vec::new();
+        let mut candidates = Candidates::of(names, |n| index.exclusion(n));
         let (states, mut unknown) = index.node_states(
-            names
-                .iter()
-                .map(|n| n.as_ref())
-                .filter(|n| seen.insert(*n))
-                .filter(|n| match index.exclusion(n) {
-                    Some(reason) => {
-                        excluded.push(((*n).to_owned(), reason.to_owned()));
-                        false
-                    }
-                    None => true,
-                }),
+            candidates.names.iter().copied(),
             &from_request,
             &assumed,
             now,
         );
-        unknown.append(&mut excluded);
+        unknown.append(&mut candidates.excluded);
         // Rank on the published model with the lock released: writers (watches, the learner's
         // pointer swap) never wait for a ranking.
         let model = index.model();
         drop(index);
         let unknown_nodes_total = unknown.len();
         let ranking = model.rank(&spec, &states, now, seed);
+        let entry_of = candidates.entries(&states, &ranking);
         self.count_rejections(&ranking.rejected, unknown_nodes_total);
         let (mut gang_node, mut gang_error, mut reservation) = (None, None, None);
         if let Some(key) = &gang_key {
@@ -459,6 +453,7 @@ impl Extender {
             gang_node,
             gang_error,
             unknown,
+            entry_of,
         }
     }
 
@@ -537,56 +532,46 @@ impl Extender {
                     .map(|r| (r.node.to_string(), r.reason.clone())),
             )
             .collect();
-        // Node → its entry in the ranking.
-        let mut passed: crate::fasthash::FastMap<&str, u32> = ev
-            .explained
-            .ranking
-            .entries
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (e.node.as_str(), i as u32))
-            .collect();
+        // Per candidate: its entry in the ranking if it passes.
+        let mut answered = ev.entry_of;
         if let Some(err) = &ev.gang_error {
-            for (n, _) in passed.drain() {
-                failed.insert(n.to_owned(), err.clone());
+            for (n, a) in names.iter().zip(&mut answered) {
+                if a.take().is_some() {
+                    failed.insert(n.to_string(), err.clone());
+                }
             }
         } else if let Some(slot) = &ev.gang_node {
-            passed.retain(|n, _| {
-                let keep = *n == slot.as_str();
-                if !keep {
+            for (n, a) in names.iter().zip(&mut answered) {
+                if a.is_some() && n.as_ref() != slot.as_str() {
+                    *a = None;
                     failed.insert(
-                        (*n).to_owned(),
+                        n.to_string(),
                         format!(
                             "gang {} holds this member's slot on node {slot}",
                             facts.gang.as_ref().map_or("", |g| g.0.as_str())
                         ),
                     );
                 }
-                keep
-            });
+            }
         }
-        for n in &names {
-            if !passed.contains_key(n.as_ref())
+        for (n, a) in names.iter().zip(&answered) {
+            if a.is_none()
                 && !failed.contains_key(n.as_ref())
                 && !unresolvable.contains_key(n.as_ref())
             {
                 failed.insert(n.to_string(), "not ranked by Kudos".into());
             }
         }
-        tracing::debug!(passed = passed.len(), failed = failed.len(), "filtered");
+        let passed = answered.iter().flatten().count();
+        tracing::debug!(passed, failed = failed.len(), "filtered");
         // kube-scheduler skips scoring when one node is feasible, and the extender's filter is
         // its last: with one node passing, no prioritize follows, so the pod's ranking event
         // is written here (once per pod either way).
-        if passed.len() == 1
+        if passed == 1
             && let Some(events) = &self.events
         {
             events.ranked(&facts, &ev.explained);
         }
-        // Each candidate's entry if it passed, looked up once for the answer and the cache.
-        let answered: Vec<Option<u32>> = names
-            .iter()
-            .map(|n| passed.get(n.as_ref()).copied())
-            .collect();
         if facts.gang.is_none()
             && !facts.uid.is_empty()
             && let Ok(mut g) = self.last_filter.0.lock()
@@ -599,12 +584,18 @@ impl Extender {
                 passed: answered.iter().flatten().copied().collect(),
             });
         }
+        // The `Nodes` form (kube-scheduler without nodeCacheCapable): full objects, by name.
         let nodes = args.nodes.map(|mut l| {
+            let passed: FastSet<&str> = names
+                .iter()
+                .zip(&answered)
+                .filter_map(|(n, a)| a.map(|_| n.as_ref()))
+                .collect();
             l.items.retain(|n| {
                 n.metadata
                     .name
                     .as_deref()
-                    .is_some_and(|n| passed.contains_key(n))
+                    .is_some_and(|n| passed.contains(n))
             });
             l
         });
@@ -660,16 +651,15 @@ impl Extender {
         if let Some(events) = &self.events {
             events.ranked(&facts, &explained);
         }
-        let scores: crate::fasthash::FastMap<&str, u8> = explained
-            .ranking
-            .entries
-            .iter()
-            .map(|e| (e.node.as_str(), e.score))
-            .collect();
+        let entries = &explained.ranking.entries;
         Ok(names
             .into_iter()
-            .map(|host| {
-                let base = i64::from(scores.get(host.as_ref()).copied().unwrap_or(0).min(10));
+            .zip(ev.entry_of)
+            .map(|(host, entry)| {
+                let score = entry
+                    .and_then(|e| entries.get(e as usize))
+                    .map_or(0, |e| e.score);
+                let base = i64::from(score.min(10));
                 let score = match &gang_node {
                     Some(slot) if slot.as_str() == host.as_ref() => 10,
                     Some(_) => 0,

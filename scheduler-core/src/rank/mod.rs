@@ -275,6 +275,7 @@ fn recommended_queue(
                 default_score: c.default_score,
                 merged_score: crate::queue::merged_score(&c, weights),
                 rank: pos + 1,
+                candidate: row.node as usize,
             }
         })
         .collect();

@@ -123,6 +123,10 @@ fn reference(s: &Scheduler, pod: &PodSpec, nodes: &[NodeState], now: f64, seed: 
                 default_score: c.default_score,
                 merged_score,
                 rank: pos + 1,
+                candidate: nodes
+                    .iter()
+                    .position(|n| std::ptr::eq(n, fit[i].0))
+                    .expect("every candidate is one of the nodes"),
             }
         })
         .collect();
