@@ -78,7 +78,7 @@ fn main() {
         .build()
         .unwrap();
     println!(
-        "nodes  calls  p50_us  p99_us  max_us  calls_per_s  parse_p50_us  handler_p50_us  states_p50_us  rank_p50_us  response_bytes"
+        "nodes  calls  p50_us  p99_us  max_us  calls_per_s  parse_p50_us  handler_p50_us  states_p50_us  states_binds_in_flight_us  rank_p50_us  response_bytes"
     );
     let mut pairs = Vec::new();
     let mut ingest_rows = Vec::new();
@@ -182,6 +182,30 @@ fn main() {
             })
             .collect();
         states_lat.sort();
+        // The same with binds in flight (the extender's own binds the Pod watch has not shown
+        // yet): every candidate is looked up in that map too.
+        let in_flight = (0..50)
+            .map(|i| {
+                let requests = kudos_orchestrator::kobj::Requests {
+                    gpus: 1,
+                    ..Default::default()
+                };
+                (format!("node-{:05}", i * 97 % n), requests)
+            })
+            .collect();
+        let mut in_flight_lat: Vec<Duration> = (0..200)
+            .map(|_| {
+                let t = Instant::now();
+                std::hint::black_box(idx.node_states(
+                    names.iter().map(String::as_str),
+                    &Default::default(),
+                    &in_flight,
+                    now,
+                ));
+                t.elapsed()
+            })
+            .collect();
+        in_flight_lat.sort();
         let (states, _) = idx.node_states(
             names.iter().map(String::as_str),
             &Default::default(),
@@ -209,7 +233,7 @@ fn main() {
             .collect();
         rank_lat.sort();
         println!(
-            "{n:>5}  {calls:>5}  {:>6}  {:>6}  {:>6}  {:>11.0}  {:>12}  {:>14}  {:>13}  {:>11}  {resp_len:>14}",
+            "{n:>5}  {calls:>5}  {:>6}  {:>6}  {:>6}  {:>11.0}  {:>12}  {:>14}  {:>13}  {:>25}  {:>11}  {resp_len:>14}",
             pct(&lat, 0.5).as_micros(),
             pct(&lat, 0.99).as_micros(),
             lat.last().unwrap().as_micros(),
@@ -217,6 +241,7 @@ fn main() {
             pct(&parse_lat, 0.5).as_micros(),
             pct(&handler_lat, 0.5).as_micros(),
             pct(&states_lat, 0.5).as_micros(),
+            pct(&in_flight_lat, 0.5).as_micros(),
             pct(&rank_lat, 0.5).as_micros(),
         );
     }

@@ -13,6 +13,7 @@
 //! evaluation, lapsing after [`CLAIM_TTL_SECONDS`]) and taken at its bind, which refuses a node
 //! where the member holds no slot. Claims and bound slots lapse with the reservation.
 
+use crate::fasthash::FastMap;
 use crate::kobj::Requests;
 use kudos_scheduler_core::{GangPlacement, GangSlot};
 use serde::Serialize;
@@ -196,9 +197,9 @@ impl Ledger {
         &self,
         index_knows: impl Fn(&str) -> bool,
         now: f64,
-    ) -> HashMap<String, Requests> {
+    ) -> FastMap<String, Requests> {
         let g = self.lock();
-        let mut out: HashMap<String, Requests> = HashMap::new();
+        let mut out: FastMap<String, Requests> = FastMap::default();
         for (uid, a) in &g.assumed {
             if index_knows(uid) || (self.cluster && now - a.at > ASSUME_TTL_SECONDS) {
                 continue;

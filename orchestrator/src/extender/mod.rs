@@ -37,7 +37,6 @@ use kudos_scheduler_core::{GangSpec, PodSpec, Ranking};
 use ledger::{Ledger, Reservation};
 use serde::Serialize;
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use types::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
@@ -346,7 +345,7 @@ impl Extender {
         names: &[Cow<str>],
     ) -> Evaluation {
         let now = unix_now();
-        let from_request: HashMap<String, NodeInfo> = args
+        let from_request: crate::fasthash::FastMap<String, NodeInfo> = args
             .nodes
             .as_ref()
             .map(|l| {

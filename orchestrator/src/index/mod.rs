@@ -34,7 +34,7 @@ use kudos_scheduler_core::{
 };
 use parking_lot::RwLock;
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// The index behind a lock: writers are the watchers, ingestion and the learner; everyone
@@ -528,8 +528,8 @@ impl Index {
     pub fn node_states<'a>(
         &self,
         names: impl IntoIterator<Item = &'a str>,
-        from_request: &HashMap<String, NodeInfo>,
-        assumed: &HashMap<String, Requests>,
+        from_request: &FastMap<String, NodeInfo>,
+        assumed: &FastMap<String, Requests>,
         now: f64,
     ) -> (Vec<NodeState>, Vec<Unknown>) {
         let names = names.into_iter();
@@ -643,7 +643,8 @@ impl Index {
             .collect();
         names.sort_unstable();
         names.dedup();
-        let (nodes, unknown) = self.node_states(names, &HashMap::new(), &HashMap::new(), now);
+        let (nodes, unknown) =
+            self.node_states(names, &FastMap::default(), &FastMap::default(), now);
         let allocation_api = self
             .plugin_config
             .nodes

@@ -30,7 +30,7 @@ fn mk_index() -> Index {
 }
 
 fn state(idx: &Index, name: &str, now: f64) -> NodeState {
-    let (mut s, _) = idx.node_states([name], &HashMap::new(), &HashMap::new(), now);
+    let (mut s, _) = idx.node_states([name], &FastMap::default(), &FastMap::default(), now);
     s.pop().expect("known node")
 }
 
@@ -59,14 +59,16 @@ fn free_devices_follow_bound_pods() {
     idx.delete_pod(&pod_facts(&mk_pod("a", Some("n1"), 1, "Running"), GPU).unwrap());
     assert_eq!(state(&idx, "n1", 0.0).free_devices, 4);
     // In-flight binds from the extender count too.
-    let assumed = HashMap::from([(
+    let assumed: FastMap<String, Requests> = [(
         "n1".to_owned(),
         Requests {
             gpus: 2,
             ..Default::default()
         },
-    )]);
-    let (s, _) = idx.node_states(["n1"], &HashMap::new(), &assumed, 0.0);
+    )]
+    .into_iter()
+    .collect();
+    let (s, _) = idx.node_states(["n1"], &FastMap::default(), &assumed, 0.0);
     assert_eq!(s[0].free_devices, 2);
 }
 
@@ -117,7 +119,7 @@ fn a_dra_node_known_only_from_its_slice_is_ranked_with_the_slices_profile() {
     }))
     .unwrap();
     idx.reset_nodes(vec![node_info(&bare, GPU)]);
-    let (_, unknown) = idx.node_states(["n2"], &HashMap::new(), &HashMap::new(), 0.0);
+    let (_, unknown) = idx.node_states(["n2"], &FastMap::default(), &FastMap::default(), 0.0);
     assert_eq!(unknown.len(), 1, "no plugin report, no labels, no slice");
     idx.reset_slices(vec![(
         "n2-gpu.kudos.dev".into(),
@@ -136,7 +138,7 @@ fn a_dra_node_known_only_from_its_slice_is_ranked_with_the_slices_profile() {
         ("amd", 2, 2)
     );
     idx.apply_slice("n2-gpu.kudos.dev", None);
-    let (_, unknown) = idx.node_states(["n2"], &HashMap::new(), &HashMap::new(), 0.0);
+    let (_, unknown) = idx.node_states(["n2"], &FastMap::default(), &FastMap::default(), 0.0);
     assert_eq!(unknown.len(), 1, "the slice deleted");
 }
 
@@ -221,7 +223,7 @@ fn plugin_report_wins_over_labels_and_unknown_nodes_are_named() {
     );
     idx.set_plugin_config(cfg);
     assert_eq!(state(&idx, "n1", 0.0).profile.vendor, "amd");
-    let (_, unknown) = idx.node_states(["ghost"], &HashMap::new(), &HashMap::new(), 0.0);
+    let (_, unknown) = idx.node_states(["ghost"], &FastMap::default(), &FastMap::default(), 0.0);
     assert_eq!(unknown[0].0, "ghost");
 }
 
