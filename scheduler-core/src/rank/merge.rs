@@ -78,10 +78,12 @@ pub(super) fn merge(call: &Call<'_>, s: &mut Scratch) {
         })
     });
     let plugins = DefaultPlugins::new(call.pod);
+    s.names.clear();
     for row in &mut s.rows {
         let node = &nodes[row.node as usize];
         row.default_score = plugins.score(node);
         row.name_key = name_key(node.name.as_bytes(), lcp);
+        s.names.push(Some(node.name.clone()));
     }
 
     let w = &call.config.merge_weights;
