@@ -19,7 +19,7 @@ use common::mk_extender;
 use fixture::{body, index};
 use kudos_orchestrator::extender::types::ExtenderArgs;
 use kudos_orchestrator::http::{HttpLimits, HttpState, router};
-use kudos_orchestrator::index::SharedIndex;
+use kudos_orchestrator::index::{Exclusions, SharedIndex};
 use kudos_orchestrator::metrics::Metrics;
 use kudos_orchestrator::state::{RunOutcome, StoredRun};
 use kudos_scheduler_core::PodSpec;
@@ -197,6 +197,7 @@ fn main() {
                 let t = Instant::now();
                 std::hint::black_box(idx.node_states(
                     names.iter().map(String::as_str),
+                    Exclusions::Apply,
                     &Default::default(),
                     &Default::default(),
                     now,
@@ -221,6 +222,7 @@ fn main() {
                 let t = Instant::now();
                 std::hint::black_box(idx.node_states(
                     names.iter().map(String::as_str),
+                    Exclusions::Apply,
                     &Default::default(),
                     &in_flight,
                     now,
@@ -229,12 +231,15 @@ fn main() {
             })
             .collect();
         in_flight_lat.sort();
-        let (states, _) = idx.node_states(
-            names.iter().map(String::as_str),
-            &Default::default(),
-            &Default::default(),
-            now,
-        );
+        let states = idx
+            .node_states(
+                names.iter().map(String::as_str),
+                Exclusions::Apply,
+                &Default::default(),
+                &Default::default(),
+                now,
+            )
+            .states;
         let pod = PodSpec {
             namespace: "bench".into(),
             name: "train".into(),

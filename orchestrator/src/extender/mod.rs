@@ -23,7 +23,6 @@
 //! - Every ranking is kept for `GET /explain/{namespace}/{pod}`.
 
 pub mod bind;
-mod candidates;
 pub mod ledger;
 pub mod types;
 
@@ -32,7 +31,6 @@ use crate::index::SharedIndex;
 use crate::kobj::{self, NodeInfo, PodFacts};
 use crate::metrics::Metrics;
 use bind::Binder;
-use candidates::Candidates;
 use kudos_scheduler_core::{GangSpec, PodSpec, Ranking};
 use ledger::{Ledger, Reservation};
 use serde::Serialize;
@@ -291,6 +289,23 @@ fn candidate_names<'a>(args: &mut ExtenderArgs<'a>) -> Vec<Cow<'a, str>> {
     }
 }
 
+/// Per candidate name, the index of its entry in `ranking`, from the name's state
+/// ([`crate::index::NodeStates::of_name`]) and each entry's position among the `states` ranked:
+/// two vector lookups per name, where a map from name to entry cost a hash and a string
+/// comparison per node on every call.
+fn entries_by_name(of_name: &[Option<u32>], states: usize, ranking: &Ranking) -> Vec<Option<u32>> {
+    let mut of_state = vec![None; states];
+    for (i, e) in ranking.entries.iter().enumerate() {
+        if let Some(x) = of_state.get_mut(e.candidate) {
+            *x = Some(i as u32);
+        }
+    }
+    of_name
+        .iter()
+        .map(|s| of_state.get((*s)? as usize).copied().flatten())
+        .collect()
+}
+
 impl Extender {
     fn generations(&self) -> (u64, u64) {
         (self.index.read().generation(), self.ledger.generation())
@@ -378,21 +393,24 @@ impl Extender {
         }
         // Nodes node monitoring excludes (rollout enabled) are not ranked; they are reported
         // with the monitor's reason, computed per monitoring pass, not per request.
-        let mut candidates = Candidates::of(names, |n| index.exclusion(n));
-        let (states, mut unknown) = index.node_states(
-            candidates.names.iter().copied(),
+        let crate::index::NodeStates {
+            states,
+            unknown,
+            of_name,
+        } = index.node_states(
+            names.iter().map(|n| n.as_ref()),
+            crate::index::Exclusions::Apply,
             &from_request,
             &assumed,
             now,
         );
-        unknown.append(&mut candidates.excluded);
         // Rank on the published model with the lock released: writers (watches, the learner's
         // pointer swap) never wait for a ranking.
         let model = index.model();
         drop(index);
         let unknown_nodes_total = unknown.len();
         let ranking = model.rank(&spec, &states, now, seed);
-        let entry_of = candidates.entries(&states, &ranking);
+        let entry_of = entries_by_name(&of_name, states.len(), &ranking);
         self.count_rejections(&ranking.rejected, unknown_nodes_total);
         let (mut gang_node, mut gang_error, mut reservation) = (None, None, None);
         if let Some(key) = &gang_key {

@@ -23,6 +23,9 @@
 //! shown yet are added by the extender from its own ledger (see [`crate::extender::Ledger`]).
 
 pub mod slices;
+mod states;
+
+pub use states::{Exclusions, NodeStates};
 
 use crate::fasthash::FastMap;
 use crate::fifo::FifoMap;
@@ -84,7 +87,7 @@ pub struct Index {
     /// Device profile per node from `plugin_config`, computed once per configuration change.
     /// Keyed by a shared name, as scheduler-core takes it: every ranking input shares both
     /// instead of copying them.
-    profiles: FastMap<Name, DeviceProfile>,
+    profiles: FastMap<Name, states::Known>,
     device_health: FastMap<String, BTreeMap<String, (u32, u32)>>,
     heartbeats: FastMap<String, HeartbeatInfo>,
     /// The published model; replaced whole by [`Index::publish_model`].
@@ -356,6 +359,11 @@ impl Index {
             .nodes
             .keys()
             .filter_map(|n| Some((Name::from(n), intern(cfg.profile(n)?))))
+            .enumerate()
+            .map(|(slot, (n, profile))| {
+                let slot = slot as u32;
+                (n, states::Known { profile, slot })
+            })
             .collect();
         self.plugin_config = cfg;
     }
@@ -510,7 +518,7 @@ impl Index {
     /// The device profile of a node: the plugin's report first (it saw the devices), else the
     /// node's `kudos.dev/gpu-*` labels.
     pub fn profile(&self, node: &str) -> Option<ProfileRecord> {
-        match self.profiles.get(node) {
+        match self.profiles.get(node).map(|k| &k.profile) {
             Some(p) => Some(ProfileRecord {
                 vendor: p.vendor.to_string(),
                 model: p.model.to_string(),
@@ -519,91 +527,6 @@ impl Index {
             }),
             None => self.nodes.get(node).and_then(|n| n.label_profile.clone()),
         }
-    }
-
-    /// Builds ranking input for `names`. `from_request` holds nodes kube-scheduler sent in
-    /// full (`Nodes` form), which win over the index (they are at least as fresh); `assumed`
-    /// are devices/cpu/memory of binds not yet seen by the Pod watch. Nodes Kudos knows
-    /// nothing about come back in the second list with a reason.
-    pub fn node_states<'a>(
-        &self,
-        names: impl IntoIterator<Item = &'a str>,
-        from_request: &FastMap<String, NodeInfo>,
-        assumed: &FastMap<String, Requests>,
-        now: f64,
-    ) -> (Vec<NodeState>, Vec<Unknown>) {
-        let names = names.into_iter();
-        // The extender passes its candidates through filters (duplicates, excluded nodes), whose
-        // lower bound is 0: size for the upper one, or the buffer of these large rows regrows
-        // a dozen times at 5,000 nodes.
-        let (low, high) = names.size_hint();
-        let mut states = Vec::with_capacity(high.unwrap_or(low));
-        let mut unknown = Vec::new();
-        for name in names {
-            let info = from_request.get(name).or_else(|| self.nodes.get(name));
-            // A DRA node's devices are those of its ResourceSlices, which the scheduler
-            // allocates from (the plugin's report until they are seen), never allocatable: a
-            // plugin that registered through the device-plugin API before the orchestrator's
-            // answer leaves a stale allocatable of 0 for minutes. Slices are looked up only
-            // where they can matter.
-            let dra = crate::dra::decide(self.allocation_policy, info).0
-                == kudos_api::dra::AllocationApi::Dra;
-            let (node_name, profile) = match self.profiles.get_key_value(name) {
-                Some((n, p)) => (n.clone(), p.clone()),
-                None => match (
-                    info.and_then(|i| i.label_profile.as_ref()),
-                    self.slices.node(name),
-                ) {
-                    (Some(p), _) => (Name::from(name), to_profile(p)),
-                    (None, Some((_, s))) => (
-                        Name::from(name),
-                        to_profile(&ProfileRecord {
-                            vendor: s.vendor.clone(),
-                            model: s.model.clone(),
-                            count: s.total,
-                            memory_bytes: s.memory_bytes,
-                        }),
-                    ),
-                    (None, None) => {
-                        // Short: the filter answers this once per unknown candidate.
-                        unknown.push((name.to_owned(), UNKNOWN_NODE_REASON.to_owned()));
-                        continue;
-                    }
-                },
-            };
-            let mut used = self.used.get(name).copied().unwrap_or_default();
-            if let Some(a) = assumed.get(name) {
-                used.add(*a);
-            }
-            // (healthy, total) devices as the device plugin reports them.
-            let reported = self.device_health.get(name).map(|m| {
-                m.values()
-                    .fold((0u32, 0u32), |(a, b), (h, t)| (a + h, b + t))
-            });
-            let devices = match dra.then(|| self.slices.node(name)).flatten() {
-                Some((counts, _)) => Some(counts),
-                None => reported,
-            };
-            let node_allocatable = info.filter(|_| !dra).and_then(|i| i.gpu_allocatable);
-            let allocatable = node_allocatable
-                .map(u64::from)
-                .unwrap_or_else(|| u64::from(devices.map_or(profile.count, |(h, _)| h)));
-            let health = self.health(name, info, devices, now);
-            states.push(NodeState {
-                name: node_name,
-                profile,
-                free_devices: allocatable
-                    .saturating_sub(used.gpus)
-                    .min(u64::from(u32::MAX)) as u32,
-                cpu_allocatable_milli: info.map_or(UNKNOWN_CPU_MILLI, |i| i.cpu_allocatable_milli),
-                cpu_requested_milli: used.cpu_milli,
-                memory_allocatable_bytes: info
-                    .map_or(UNKNOWN_MEMORY_BYTES, |i| i.memory_allocatable_bytes),
-                memory_requested_bytes: used.memory_bytes,
-                health,
-            });
-        }
-        (states, unknown)
     }
 
     /// `devices`: the node's (healthy, total) devices as its device plugin reports them.
@@ -643,8 +566,17 @@ impl Index {
             .collect();
         names.sort_unstable();
         names.dedup();
-        let (nodes, unknown) =
-            self.node_states(names, &FastMap::default(), &FastMap::default(), now);
+        let states::NodeStates {
+            states: nodes,
+            unknown,
+            ..
+        } = self.node_states(
+            names,
+            Exclusions::Ignore,
+            &FastMap::default(),
+            &FastMap::default(),
+            now,
+        );
         let allocation_api = self
             .plugin_config
             .nodes

@@ -29,8 +29,40 @@ fn mk_index() -> Index {
     Index::new(GPU, 60.0, Scheduler::new(SchedulerConfig::default()), true)
 }
 
+/// A plugin configuration in which `vendor`'s plugin on `node` reported one `model` device.
+fn one_device_reported(node: &str, vendor: &str, model: &str) -> PluginConfig {
+    let mut cfg = PluginConfig::default();
+    cfg.upsert(
+        node,
+        vendor,
+        crate::state::VendorEntry {
+            vendor_resource_name: format!("{vendor}.com/gpu"),
+            devices: vec![crate::state::DeviceRecord {
+                id: format!("{vendor}-0"),
+                model: model.into(),
+                memory_bytes: 1,
+                ..Default::default()
+            }],
+            plugin_version: "1".into(),
+        },
+        GPU,
+    );
+    cfg
+}
+
+/// What the extender asks: `names` with exclusions applied, nothing from the request or in flight.
+fn ask<'a>(idx: &Index, names: impl IntoIterator<Item = &'a str>, now: f64) -> NodeStates {
+    idx.node_states(
+        names,
+        Exclusions::Apply,
+        &FastMap::default(),
+        &FastMap::default(),
+        now,
+    )
+}
+
 fn state(idx: &Index, name: &str, now: f64) -> NodeState {
-    let (mut s, _) = idx.node_states([name], &FastMap::default(), &FastMap::default(), now);
+    let mut s = ask(idx, [name], now).states;
     s.pop().expect("known node")
 }
 
@@ -68,7 +100,15 @@ fn free_devices_follow_bound_pods() {
     )]
     .into_iter()
     .collect();
-    let (s, _) = idx.node_states(["n1"], &FastMap::default(), &assumed, 0.0);
+    let s = idx
+        .node_states(
+            ["n1"],
+            Exclusions::Apply,
+            &FastMap::default(),
+            &assumed,
+            0.0,
+        )
+        .states;
     assert_eq!(s[0].free_devices, 2);
 }
 
@@ -119,7 +159,7 @@ fn a_dra_node_known_only_from_its_slice_is_ranked_with_the_slices_profile() {
     }))
     .unwrap();
     idx.reset_nodes(vec![node_info(&bare, GPU)]);
-    let (_, unknown) = idx.node_states(["n2"], &FastMap::default(), &FastMap::default(), 0.0);
+    let unknown = ask(&idx, ["n2"], 0.0).unknown;
     assert_eq!(unknown.len(), 1, "no plugin report, no labels, no slice");
     idx.reset_slices(vec![(
         "n2-gpu.kudos.dev".into(),
@@ -138,7 +178,7 @@ fn a_dra_node_known_only_from_its_slice_is_ranked_with_the_slices_profile() {
         ("amd", 2, 2)
     );
     idx.apply_slice("n2-gpu.kudos.dev", None);
-    let (_, unknown) = idx.node_states(["n2"], &FastMap::default(), &FastMap::default(), 0.0);
+    let unknown = ask(&idx, ["n2"], 0.0).unknown;
     assert_eq!(unknown.len(), 1, "the slice deleted");
 }
 
@@ -205,26 +245,51 @@ fn health_from_readiness_devices_and_heartbeats() {
 fn plugin_report_wins_over_labels_and_unknown_nodes_are_named() {
     let mut idx = mk_index();
     idx.reset_nodes(vec![node_info(&mk_node("n1", 2, true), GPU)]);
-    let mut cfg = PluginConfig::default();
-    cfg.upsert(
-        "n1",
-        "amd",
-        crate::state::VendorEntry {
-            vendor_resource_name: "amd.com/gpu".into(),
-            devices: vec![crate::state::DeviceRecord {
-                id: "amd-0".into(),
-                model: "MI300X".into(),
-                memory_bytes: 1,
-                ..Default::default()
-            }],
-            plugin_version: "1".into(),
-        },
-        GPU,
-    );
-    idx.set_plugin_config(cfg);
+    idx.set_plugin_config(one_device_reported("n1", "amd", "MI300X"));
     assert_eq!(state(&idx, "n1", 0.0).profile.vendor, "amd");
-    let (_, unknown) = idx.node_states(["ghost"], &FastMap::default(), &FastMap::default(), 0.0);
+    let unknown = ask(&idx, ["ghost"], 0.0).unknown;
     assert_eq!(unknown[0].0, "ghost");
+}
+
+/// Each name asked about finds its state by position: a repeated name its first occurrence's
+/// (one state per node, whether the plugin configuration or only labels describe it), an
+/// unknown or excluded name none, reported once; `GET /state`'s view ignores exclusions.
+#[test]
+fn each_name_finds_its_state_and_repeats_share_the_first() {
+    let mut idx = mk_index();
+    // "plugged" has a plugin report (the profile table); "labelled" only its Node's labels.
+    idx.reset_nodes(vec![
+        node_info(&mk_node("labelled", 2, true), GPU),
+        node_info(&mk_node("cordoned", 2, true), GPU),
+    ]);
+    idx.set_plugin_config(one_device_reported("plugged", "nvidia", "A100"));
+    idx.excluded.insert(
+        "cordoned".into(),
+        "excluded by Kudos node monitoring: test".into(),
+    );
+    let asked = [
+        "plugged", "ghost", "labelled", "cordoned", "plugged", "ghost", "labelled", "cordoned",
+    ];
+    let got = ask(&idx, asked, 0.0);
+    let names: Vec<&str> = got.states.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["plugged", "labelled"]);
+    assert_eq!(
+        got.of_name,
+        [Some(0), None, Some(1), None, Some(0), None, Some(1), None]
+    );
+    let unknown: Vec<&str> = got.unknown.iter().map(|u| u.0.as_str()).collect();
+    assert_eq!(unknown, ["ghost", "cordoned"]);
+    assert_eq!(got.unknown[1].1, "excluded by Kudos node monitoring: test");
+
+    let view = idx.node_states(
+        ["cordoned"],
+        Exclusions::Ignore,
+        &FastMap::default(),
+        &FastMap::default(),
+        0.0,
+    );
+    assert_eq!(view.of_name, [Some(0)]);
+    assert_eq!(view.states[0].name.as_str(), "cordoned");
 }
 
 /// Nodes whose plugins report one model share its names (ranking matches profiles by them),

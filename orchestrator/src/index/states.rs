@@ -1,0 +1,187 @@
+//! Ranking input: a [`NodeState`] for each node a request names, and where each name went.
+//!
+//! The extender asks for up to thousands of names per call, and answers kube-scheduler one line
+//! per name, in its order. So this returns, beside the states, each name's state by position:
+//! a repeated name points at its first occurrence's state (scheduler-core ranks each node once),
+//! an unknown or excluded one at none. Repeats are found through the slot each known node has in
+//! the profile table, a flag per node in a small vector, not through a map of the names.
+
+use super::{
+    Index, UNKNOWN_CPU_MILLI, UNKNOWN_MEMORY_BYTES, UNKNOWN_NODE_REASON, Unknown, to_profile,
+};
+use crate::fasthash::FastMap;
+use crate::kobj::{NodeInfo, Requests};
+use crate::state::ProfileRecord;
+use kudos_scheduler_core::{DeviceProfile, Name, NodeState};
+
+/// A node with a device profile in the plugin configuration.
+#[derive(Clone, Debug)]
+pub(super) struct Known {
+    pub profile: DeviceProfile,
+    /// Its position in the profile table, `0..profiles.len()`, numbered at each rebuild.
+    pub slot: u32,
+}
+
+/// Whether nodes that node monitoring excludes are left out (the extender) or described like
+/// any other (`GET /state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exclusions {
+    /// Excluded nodes get no state; they come back in [`NodeStates::unknown`] with the
+    /// monitor's reason.
+    Apply,
+    /// Excluded nodes are described too.
+    Ignore,
+}
+
+/// The answer of [`Index::node_states`].
+#[derive(Debug, Default)]
+pub struct NodeStates {
+    /// One per distinct known, not excluded name, in the order first asked.
+    pub states: Vec<NodeState>,
+    /// Names without a state (unknown to Kudos, or excluded), each once, with the reason.
+    pub unknown: Vec<Unknown>,
+    /// Per name asked, in order: the index of its state in `states`, or `None`.
+    pub of_name: Vec<Option<u32>>,
+}
+
+/// [`Known::slot`] not seen yet in this call.
+const UNSEEN: u32 = u32::MAX;
+/// Seen in this call, without a state.
+const STATELESS: u32 = u32::MAX - 1;
+
+impl Index {
+    /// Builds ranking input for `names`. `from_request` holds nodes kube-scheduler sent in
+    /// full (`Nodes` form), which win over the index (they are at least as fresh); `assumed`
+    /// are devices/cpu/memory of binds not yet seen by the Pod watch. Nodes Kudos knows
+    /// nothing about come back in [`NodeStates::unknown`] with a reason, as do excluded nodes
+    /// under [`Exclusions::Apply`].
+    pub fn node_states<'a>(
+        &self,
+        names: impl IntoIterator<Item = &'a str>,
+        exclusions: Exclusions,
+        from_request: &FastMap<String, NodeInfo>,
+        assumed: &FastMap<String, Requests>,
+        now: f64,
+    ) -> NodeStates {
+        let names = names.into_iter();
+        // Sized for the upper bound: a filtered iterator's lower one is 0, and the buffer of
+        // these large rows would regrow a dozen times at 5,000 nodes.
+        let (low, high) = names.size_hint();
+        let mut out = NodeStates {
+            states: Vec::with_capacity(high.unwrap_or(low)),
+            unknown: Vec::new(),
+            of_name: Vec::with_capacity(high.unwrap_or(low)),
+        };
+        // Per profile slot: the state this call gave it, UNSEEN or STATELESS.
+        let mut seen = vec![UNSEEN; self.profiles.len()];
+        // Names outside the profile table (known by their labels or slices, or not at all).
+        let mut seen_elsewhere: FastMap<&str, u32> = FastMap::default();
+        for name in names {
+            let known = self.profiles.get_key_value(name);
+            let first = match known {
+                Some((_, k)) => seen.get(k.slot as usize).copied().unwrap_or(UNSEEN),
+                None => seen_elsewhere.get(name).copied().unwrap_or(UNSEEN),
+            };
+            let state = if first != UNSEEN {
+                first
+            } else {
+                let state = self.first_state(name, known, exclusions, from_request, assumed, now);
+                let state = match state {
+                    Ok(s) => {
+                        out.states.push(s);
+                        (out.states.len() - 1) as u32
+                    }
+                    Err(reason) => {
+                        out.unknown.push((name.to_owned(), reason));
+                        STATELESS
+                    }
+                };
+                match known.and_then(|(_, k)| seen.get_mut(k.slot as usize)) {
+                    Some(slot) => *slot = state,
+                    None => {
+                        seen_elsewhere.insert(name, state);
+                    }
+                }
+                state
+            };
+            out.of_name.push((state != STATELESS).then_some(state));
+        }
+        out
+    }
+
+    /// The state of a node asked about for the first time in a call, or why it has none.
+    fn first_state(
+        &self,
+        name: &str,
+        known: Option<(&Name, &Known)>,
+        exclusions: Exclusions,
+        from_request: &FastMap<String, NodeInfo>,
+        assumed: &FastMap<String, Requests>,
+        now: f64,
+    ) -> Result<NodeState, String> {
+        if exclusions == Exclusions::Apply
+            && let Some(reason) = self.exclusion(name)
+        {
+            return Err(reason.to_owned());
+        }
+        let info = from_request.get(name).or_else(|| self.nodes.get(name));
+        // A DRA node's devices are those of its ResourceSlices, which the scheduler
+        // allocates from (the plugin's report until they are seen), never allocatable: a
+        // plugin that registered through the device-plugin API before the orchestrator's
+        // answer leaves a stale allocatable of 0 for minutes. Slices are looked up only
+        // where they can matter.
+        let dra = crate::dra::decide(self.allocation_policy, info).0
+            == kudos_api::dra::AllocationApi::Dra;
+        let (node_name, profile) = match known {
+            Some((n, k)) => (n.clone(), k.profile.clone()),
+            None => match (
+                info.and_then(|i| i.label_profile.as_ref()),
+                self.slices.node(name),
+            ) {
+                (Some(p), _) => (Name::from(name), to_profile(p)),
+                (None, Some((_, s))) => (
+                    Name::from(name),
+                    to_profile(&ProfileRecord {
+                        vendor: s.vendor.clone(),
+                        model: s.model.clone(),
+                        count: s.total,
+                        memory_bytes: s.memory_bytes,
+                    }),
+                ),
+                // Short: the filter answers this once per unknown candidate.
+                (None, None) => return Err(UNKNOWN_NODE_REASON.to_owned()),
+            },
+        };
+        let mut used = self.used.get(name).copied().unwrap_or_default();
+        if let Some(a) = assumed.get(name) {
+            used.add(*a);
+        }
+        // (healthy, total) devices as the device plugin reports them.
+        let reported = self.device_health.get(name).map(|m| {
+            m.values()
+                .fold((0u32, 0u32), |(a, b), (h, t)| (a + h, b + t))
+        });
+        let devices = match dra.then(|| self.slices.node(name)).flatten() {
+            Some((counts, _)) => Some(counts),
+            None => reported,
+        };
+        let node_allocatable = info.filter(|_| !dra).and_then(|i| i.gpu_allocatable);
+        let allocatable = node_allocatable
+            .map(u64::from)
+            .unwrap_or_else(|| u64::from(devices.map_or(profile.count, |(h, _)| h)));
+        let health = self.health(name, info, devices, now);
+        Ok(NodeState {
+            name: node_name,
+            profile,
+            free_devices: allocatable
+                .saturating_sub(used.gpus)
+                .min(u64::from(u32::MAX)) as u32,
+            cpu_allocatable_milli: info.map_or(UNKNOWN_CPU_MILLI, |i| i.cpu_allocatable_milli),
+            cpu_requested_milli: used.cpu_milli,
+            memory_allocatable_bytes: info
+                .map_or(UNKNOWN_MEMORY_BYTES, |i| i.memory_allocatable_bytes),
+            memory_requested_bytes: used.memory_bytes,
+            health,
+        })
+    }
+}
