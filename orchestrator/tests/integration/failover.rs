@@ -72,6 +72,20 @@ async fn labelled_leaders(pods: &Api<Pod>) -> Vec<String> {
     names
 }
 
+/// The labelled leaders once `settled` holds for them, or as they are after 30 s. A new leader
+/// listens for gRPC before its label patch lands (the label moves traffic to a port that is
+/// already open), so readiness alone does not mean the label is there yet.
+async fn leaders_when(pods: &Api<Pod>, settled: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let leaders = labelled_leaders(pods).await;
+        if settled(&leaders) || Instant::now() > deadline {
+            return leaders;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Sends the reports on one stream; the acknowledgement status of each.
 async fn send(orch: &Orchestrator, reports: &[pb::RunReport]) -> anyhow::Result<Vec<i32>> {
     let addr = format!("http://{}", orch.grpc_addr);
@@ -299,7 +313,8 @@ async fn the_follower_answers_from_the_shared_state_and_takes_over_with_every_ac
     assert!(metrics_of(&b)?.contains("\nkudos_orchestrator_leader 1\n"));
     // a was killed and could not clear its label; in a cluster its restarted container does
     // (and a dead container is not ready, so the Service skips it meanwhile).
-    assert_eq!(labelled_leaders(&pods).await, ["a", "b"]);
+    let leaders = leaders_when(&pods, |l| l == ["a", "b"]).await;
+    assert_eq!(leaders, ["a", "b"]);
     let again = send(&b, &reports).await?;
     assert_eq!(
         again,
@@ -325,9 +340,10 @@ async fn the_follower_answers_from_the_shared_state_and_takes_over_with_every_ac
     let r = c.wait_ready(Duration::from_secs(60)).await;
     assert!(r.is_ok(), "{r:?}\n{}", tail(c.log(), 30));
     let handover = stopped.elapsed();
-    let leaders = labelled_leaders(&pods).await;
+    let c_alone = |l: &[String]| l.iter().any(|n| n == "c") && !l.iter().any(|n| n == "b");
+    let leaders = leaders_when(&pods, c_alone).await;
     assert!(
-        leaders.contains(&"c".to_owned()) && !leaders.contains(&"b".to_owned()),
+        c_alone(&leaders),
         "b removed its label on the way out, c labelled itself: {leaders:?}"
     );
     let again = send(&c, &reports).await?;
