@@ -64,8 +64,8 @@ impl Index {
         now: f64,
     ) -> NodeStates {
         let names = names.into_iter();
-        // Sized for the upper bound: a filtered iterator's lower one is 0, and the buffer of
-        // these large rows would regrow a dozen times at 5,000 nodes.
+        // At most one row per name: sized for the upper bound (a filtered iterator's lower one is
+        // 0), or the buffer of these large rows would regrow a dozen times at 5,000 nodes.
         let (low, high) = names.size_hint();
         let mut out = NodeStates {
             states: Vec::with_capacity(high.unwrap_or(low)),
