@@ -283,7 +283,7 @@ resolvConf: /etc/resolv.conf
 clusterDomain: cluster.local
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
-evictionHard: {{memory.available: 100Mi, nodefs.available: 2%, imagefs.available: 2%}}
+evictionHard: {{memory.available: 100Mi, nodefs.available: {floor}, imagefs.available: {floor}}}
 serializeImagePulls: false
 rotateCertificates: false
 serverTLSBootstrap: false
@@ -294,6 +294,7 @@ nodeStatusUpdateFrequency: 2s
             cg = self.cgroup_root(),
             sock = self.socket().display(),
             n = n.display(),
+            floor = super::DISK_FLOOR,
         );
         std::fs::write(n.join("kubelet.yaml"), kubelet)?;
         crate::cluster::write_kubeconfig(
