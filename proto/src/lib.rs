@@ -9,8 +9,9 @@
 //!   serves `Registration` on a socket in the kubelet's `plugins_registry` directory).
 //! - [`kudos::v1`]: the orchestrator API (`RegistryService`, `TelemetryService`).
 //!
-//! Sources live in `proto/proto/`; `build.rs` compiles them with protox, so no `protoc` is
-//! needed. Package names are kept exactly as the kubelet expects on the wire.
+//! Kudos' own sources live in `proto/proto/`, the kubelet's APIs in `proto/third_party/kubelet/`
+//! (upstream's definitions, not ours to reshape); `build.rs` compiles them with protox, so no
+//! `protoc` is needed. Package names are kept exactly as the kubelet expects on the wire.
 #![forbid(unsafe_code)]
 
 /// Kubelet device-plugin API.
