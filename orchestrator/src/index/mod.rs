@@ -24,15 +24,19 @@
 
 pub mod slices;
 mod states;
+mod view;
 
 pub use states::{Exclusions, NodeStates};
+pub use view::{
+    AllocationApiView, ModelSummary, MonitorObservations, PublishedModel, SliceCounts, StateView,
+};
 
 use crate::fasthash::FastMap;
 use crate::fifo::FifoMap;
 use crate::kobj::{NodeInfo, PodFacts, Requests};
 use crate::state::{PluginConfig, ProfileRecord, RunOutcome, StoredRun};
 use kudos_scheduler_core::{
-    DeviceProfile, Feedback, ModelState, Name, NodeHealth, NodeState, RunObservation, Scheduler,
+    DeviceProfile, Feedback, ModelState, Name, NodeHealth, RunObservation, Scheduler,
     SchedulerConfig,
 };
 use parking_lot::RwLock;
@@ -77,19 +81,18 @@ pub struct HeartbeatInfo {
 pub struct Index {
     unified: String,
     heartbeat_max_age: f64,
-    nodes: FastMap<String, NodeInfo>,
+    /// Everything known per node, from every source (see [`NodeFacts`]).
+    nodes: FastMap<Name, NodeFacts>,
+    /// Entries of `nodes` with a Node object.
+    node_objects: usize,
+    /// Entries of `nodes` with a profile in the plugin configuration ([`states::Known::slot`]
+    /// runs below it).
+    configured: usize,
     pods: FastMap<String, (String, Requests)>,
     /// Pods the watch has shown ended (terminal or deleted), oldest first, at most
     /// [`MAX_ENDED_PODS`]: an assumed bind of one of them must not count again.
     ended: FifoMap<String, ()>,
-    used: FastMap<String, Requests>,
     plugin_config: PluginConfig,
-    /// Device profile per node from `plugin_config`, computed once per configuration change.
-    /// Keyed by a shared name, as scheduler-core takes it: every ranking input shares both
-    /// instead of copying them.
-    profiles: FastMap<Name, states::Known>,
-    device_health: FastMap<String, BTreeMap<String, (u32, u32)>>,
-    heartbeats: FastMap<String, HeartbeatInfo>,
     /// The published model; replaced whole by [`Index::publish_model`].
     scheduler: Arc<Scheduler>,
     applied_seq: u64,
@@ -112,6 +115,44 @@ pub struct Index {
     allocation_policy: crate::dra::AllocationPolicy,
     /// The Kudos driver's ResourceSlices: DRA nodes' devices.
     slices: slices::SliceInventory,
+}
+
+/// What the index knows of one node, from every source, in one entry: a ranking call looks each
+/// of thousands of candidates up once, where one map per source cost a lookup per source. An
+/// entry lives while any source has something for its node ([`NodeFacts::is_empty`]).
+#[derive(Debug, Default)]
+struct NodeFacts {
+    /// Its device profile from the plugin configuration, computed once per configuration
+    /// change. Keyed by a shared name, as scheduler-core takes it: every ranking input shares
+    /// the name and the profile's strings instead of copying them.
+    known: Option<states::Known>,
+    /// The Node object (Node watch).
+    info: Option<NodeInfo>,
+    /// What the pods bound to it request (Pod watch).
+    used: Requests,
+    /// Per vendor, `(healthy, total)` devices as its device plugin last reported.
+    device_health: BTreeMap<String, (u32, u32)>,
+    /// Its node agent's latest heartbeat.
+    heartbeat: Option<HeartbeatInfo>,
+}
+
+impl NodeFacts {
+    fn is_empty(&self) -> bool {
+        self.known.is_none()
+            && self.info.is_none()
+            && self.used == Requests::default()
+            && self.device_health.is_empty()
+            && self.heartbeat.is_none()
+    }
+
+    /// `(healthy, total)` devices over the vendors its plugins reported, if any did.
+    fn reported_devices(&self) -> Option<(u32, u32)> {
+        (!self.device_health.is_empty()).then(|| {
+            self.device_health
+                .values()
+                .fold((0u32, 0u32), |(a, b), (h, t)| (a + h, b + t))
+        })
+    }
 }
 
 /// Ended pods remembered (by UID) so that the extender's assumed binds of them are dropped:
@@ -144,17 +185,6 @@ pub struct MonitorView {
     pub nodes: Vec<kudos_rollout::NodeMonitor>,
 }
 
-/// What node monitoring reads from the index (see [`kudos_rollout::MonitorInputs`]).
-#[derive(Clone, Debug, Default)]
-pub struct MonitorObservations {
-    /// Node → capacity/allocatable of the unified resource and readiness (Node watch).
-    pub nodes: BTreeMap<String, kudos_rollout::NodeObservation>,
-    /// Node → healthy/total devices of the plugins' latest reports, over vendors.
-    pub plugin_health: BTreeMap<String, kudos_rollout::PluginHealth>,
-    /// Node → the agent's latest heartbeat.
-    pub heartbeats: BTreeMap<String, std::time::SystemTime>,
-}
-
 /// Why a node could not be turned into a `NodeState`.
 pub type Unknown = (String, String);
 
@@ -165,16 +195,14 @@ impl Index {
             unified: unified.to_owned(),
             heartbeat_max_age,
             nodes: FastMap::default(),
+            node_objects: 0,
+            configured: 0,
             pods: FastMap::default(),
             ended: FifoMap::new(MAX_ENDED_PODS),
-            used: FastMap::default(),
             plugin_config: PluginConfig {
                 unified_resource_name: unified.to_owned(),
                 ..Default::default()
             },
-            profiles: FastMap::default(),
-            device_health: FastMap::default(),
-            heartbeats: FastMap::default(),
             scheduler: Arc::new(scheduler),
             applied_seq: 0,
             nodes_synced: !cluster,
@@ -207,7 +235,7 @@ impl Index {
 
     /// The allocation API `node` uses for the unified resource, and why.
     pub fn allocation_api(&self, node: &str) -> (kudos_api::dra::AllocationApi, &'static str) {
-        crate::dra::decide(self.allocation_policy, self.nodes.get(node))
+        crate::dra::decide(self.allocation_policy, self.node(node))
     }
 
     /// Changes whenever a ranking input changes (see the field).
@@ -225,21 +253,44 @@ impl Index {
     /// Adds or replaces a node.
     pub fn apply_node(&mut self, info: NodeInfo) {
         self.generation += 1;
-        self.nodes.insert(info.name.clone(), info);
+        let facts = self.facts_mut(&info.name);
+        let new = facts.info.is_none();
+        facts.info = Some(info);
+        self.node_objects += usize::from(new);
     }
 
     /// Nodes from the Node watch.
     pub fn node_count(&self) -> usize {
-        self.nodes.len()
+        self.node_objects
     }
 
     /// Removes a node, with its heartbeats and device health (its plugin configuration is
     /// pruned by [`crate::grpc::Ingest::forget_node`], which persists it).
     pub fn delete_node(&mut self, name: &str) {
         self.generation += 1;
-        self.nodes.remove(name);
-        self.heartbeats.remove(name);
-        self.device_health.remove(name);
+        if let Some(facts) = self.nodes.get_mut(name) {
+            self.node_objects -= usize::from(facts.info.take().is_some());
+            facts.heartbeat = None;
+            facts.device_health.clear();
+            self.prune(name);
+        }
+    }
+
+    /// The Node object of `name`, if the Node watch has shown one.
+    fn node(&self, name: &str) -> Option<&NodeInfo> {
+        self.nodes.get(name).and_then(|f| f.info.as_ref())
+    }
+
+    /// `name`'s entry, created empty when it has none.
+    fn facts_mut(&mut self, name: &str) -> &mut NodeFacts {
+        self.nodes.entry(Name::from(name)).or_default()
+    }
+
+    /// Drops `name`'s entry when no source has anything left for it.
+    fn prune(&mut self, name: &str) {
+        if self.nodes.get(name).is_some_and(NodeFacts::is_empty) {
+            self.nodes.remove(name);
+        }
     }
 
     /// Nodes in the plugin configuration that the Node watch does not list (deleted while the
@@ -248,7 +299,7 @@ impl Index {
         self.plugin_config
             .nodes
             .keys()
-            .filter(|n| !self.nodes.contains_key(*n))
+            .filter(|n| self.node(n).is_none())
             .cloned()
             .collect()
     }
@@ -256,7 +307,17 @@ impl Index {
     /// Replaces all nodes (after a watch restart) and marks nodes synced.
     pub fn reset_nodes(&mut self, nodes: Vec<NodeInfo>) {
         self.generation += 1;
-        self.nodes = nodes.into_iter().map(|n| (n.name.clone(), n)).collect();
+        for facts in self.nodes.values_mut() {
+            facts.info = None;
+        }
+        self.node_objects = 0;
+        for info in nodes {
+            let facts = self.facts_mut(&info.name);
+            let new = facts.info.is_none();
+            facts.info = Some(info);
+            self.node_objects += usize::from(new);
+        }
+        self.nodes.retain(|_, f| !f.is_empty());
         self.nodes_synced = true;
     }
 
@@ -269,7 +330,7 @@ impl Index {
             self.ended.insert(key.clone(), ());
         }
         if let (Some(node), false) = (&pod.node_name, pod.terminated) {
-            self.used.entry(node.clone()).or_default().add(pod.requests);
+            self.facts_mut(node).used.add(pod.requests);
             self.pods.insert(key, (node.clone(), pod.requests));
         }
     }
@@ -293,8 +354,9 @@ impl Index {
     /// Forgets a pod's resource use; returns what it held.
     fn remove_pod(&mut self, key: &str) -> Option<Requests> {
         let (node, r) = self.pods.remove(key)?;
-        if let Some(u) = self.used.get_mut(&node) {
-            u.sub(r);
+        if let Some(facts) = self.nodes.get_mut(node.as_str()) {
+            facts.used.sub(r);
+            self.prune(&node);
         }
         Some(r)
     }
@@ -303,7 +365,10 @@ impl Index {
     pub fn reset_pods(&mut self, pods: &[PodFacts]) {
         self.generation += 1;
         self.pods.clear();
-        self.used.clear();
+        for facts in self.nodes.values_mut() {
+            facts.used = Requests::default();
+        }
+        self.nodes.retain(|_, f| !f.is_empty());
         for p in pods {
             self.apply_pod(p);
         }
@@ -327,9 +392,8 @@ impl Index {
     /// Records the device health a plugin reported: `(healthy, total)` for one vendor.
     pub fn set_device_health(&mut self, node: &str, vendor: &str, health: (u32, u32)) {
         self.generation += 1;
-        self.device_health
-            .entry(node.to_owned())
-            .or_default()
+        self.facts_mut(node)
+            .device_health
             .insert(vendor.to_owned(), health);
     }
 
@@ -355,22 +419,26 @@ impl Index {
             count: p.count,
             memory_bytes: p.memory_bytes,
         };
-        self.profiles = cfg
+        for facts in self.nodes.values_mut() {
+            facts.known = None;
+        }
+        let profiles = cfg
             .nodes
             .keys()
-            .filter_map(|n| Some((Name::from(n), intern(cfg.profile(n)?))))
-            .enumerate()
-            .map(|(slot, (n, profile))| {
-                let slot = slot as u32;
-                (n, states::Known { profile, slot })
-            })
-            .collect();
+            .filter_map(|n| Some((n, intern(cfg.profile(n)?))));
+        let mut slot = 0u32;
+        for (name, profile) in profiles {
+            self.facts_mut(name).known = Some(states::Known { profile, slot });
+            slot += 1;
+        }
+        self.configured = slot as usize;
+        self.nodes.retain(|_, f| !f.is_empty());
         self.plugin_config = cfg;
     }
 
     /// Records a heartbeat.
     pub fn heartbeat(&mut self, node: &str, hb: HeartbeatInfo) {
-        self.heartbeats.insert(node.to_owned(), hb);
+        self.facts_mut(node).heartbeat = Some(hb);
     }
 
     /// Feeds an accepted, stored run to the model, in `seq` order (at start, before the index
@@ -453,45 +521,6 @@ impl Index {
         self.monitor.as_ref()
     }
 
-    /// What node monitoring needs from the index.
-    pub fn monitor_observations(&self) -> MonitorObservations {
-        let epoch = std::time::UNIX_EPOCH;
-        MonitorObservations {
-            nodes: self
-                .nodes
-                .values()
-                .map(|n| {
-                    let obs = kudos_rollout::NodeObservation {
-                        capacity: n.gpu_capacity.map(u64::from),
-                        allocatable: n.gpu_allocatable.map(u64::from),
-                        ready: Some(n.ready.is_ok()),
-                        allocation_api: crate::dra::decide(self.allocation_policy, Some(n)).0,
-                    };
-                    (n.name.clone(), obs)
-                })
-                .collect(),
-            plugin_health: self
-                .device_health
-                .iter()
-                .map(|(node, m)| {
-                    let (healthy, total) = m.values().fold((0u64, 0u64), |(a, b), (h, t)| {
-                        (a + u64::from(*h), b + u64::from(*t))
-                    });
-                    (node.clone(), kudos_rollout::PluginHealth { healthy, total })
-                })
-                .collect(),
-            heartbeats: self
-                .heartbeats
-                .iter()
-                .filter(|(_, hb)| hb.at.is_finite() && hb.at >= 0.0)
-                .map(|(node, hb)| {
-                    let at = epoch + std::time::Duration::from_secs_f64(hb.at.min(1e12));
-                    (node.clone(), at)
-                })
-                .collect(),
-        }
-    }
-
     /// The scheduler (for `rank` / `place_gang` under a read lock).
     pub fn scheduler(&self) -> &Scheduler {
         &self.scheduler
@@ -518,22 +547,23 @@ impl Index {
     /// The device profile of a node: the plugin's report first (it saw the devices), else the
     /// node's `kudos.dev/gpu-*` labels.
     pub fn profile(&self, node: &str) -> Option<ProfileRecord> {
-        match self.profiles.get(node).map(|k| &k.profile) {
+        let facts = self.nodes.get(node)?;
+        match facts.known.as_ref().map(|k| &k.profile) {
             Some(p) => Some(ProfileRecord {
                 vendor: p.vendor.to_string(),
                 model: p.model.to_string(),
                 count: p.count,
                 memory_bytes: p.memory_bytes,
             }),
-            None => self.nodes.get(node).and_then(|n| n.label_profile.clone()),
+            None => facts.info.as_ref().and_then(|n| n.label_profile.clone()),
         }
     }
 
     /// `devices`: the node's (healthy, total) devices as its device plugin reports them.
     fn health(
         &self,
-        node: &str,
         info: Option<&NodeInfo>,
+        heartbeat: Option<&HeartbeatInfo>,
         devices: Option<(u32, u32)>,
         now: f64,
     ) -> NodeHealth {
@@ -547,80 +577,13 @@ impl Index {
                 reason: format!("the device plugin reports all {t} devices unhealthy"),
             };
         }
-        if let Some(hb) = self.heartbeats.get(node) {
+        if let Some(hb) = heartbeat {
             let age = now - hb.at;
             if age > self.heartbeat_max_age {
                 return NodeHealth::Stale { age_seconds: age };
             }
         }
         NodeHealth::Healthy
-    }
-
-    /// A serialisable view for `GET /state`.
-    pub fn view(&self, now: f64) -> StateView {
-        let mut names: Vec<&str> = self
-            .nodes
-            .keys()
-            .chain(self.plugin_config.nodes.keys())
-            .map(String::as_str)
-            .collect();
-        names.sort_unstable();
-        names.dedup();
-        let states::NodeStates {
-            states: nodes,
-            unknown,
-            ..
-        } = self.node_states(
-            names,
-            Exclusions::Ignore,
-            &FastMap::default(),
-            &FastMap::default(),
-            now,
-        );
-        let allocation_api = self
-            .plugin_config
-            .nodes
-            .keys()
-            .map(|n| {
-                let (api, why) = self.allocation_api(n);
-                let slice_devices = self
-                    .slices
-                    .node(n)
-                    .map(|((healthy, total), _)| SliceCounts { healthy, total });
-                (
-                    n.clone(),
-                    AllocationApiView {
-                        api,
-                        why,
-                        slice_devices,
-                    },
-                )
-            })
-            .collect();
-        StateView {
-            allocation_api,
-            plugin_config: self.plugin_config.clone(),
-            nodes,
-            nodes_without_accelerators: unknown.into_iter().map(|(n, _)| n).collect(),
-            heartbeats: self
-                .heartbeats
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            model: ModelSummary {
-                applied_seq: self.applied_seq,
-                runs: self.scheduler.state().runs(),
-                classes: self
-                    .scheduler
-                    .state()
-                    .classes()
-                    .map(str::to_owned)
-                    .collect(),
-                state: PublishedModel(self.scheduler.clone()),
-            },
-            ready: self.ready(),
-            node_monitor: self.monitor.clone(),
-        }
     }
 }
 
@@ -708,73 +671,6 @@ pub fn scheduler_from(
         Some(bytes) => Scheduler::with_state(config, serde_json::from_slice::<ModelState>(bytes)?),
         None => Scheduler::new(config),
     })
-}
-
-/// `GET /state`.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct StateView {
-    /// Plugin configuration as persisted.
-    pub plugin_config: PluginConfig,
-    /// Every known node as the extender would rank it now (without in-flight binds).
-    pub nodes: Vec<NodeState>,
-    /// Nodes with a `Node` object but no known accelerators.
-    pub nodes_without_accelerators: Vec<String>,
-    /// Agent heartbeats.
-    pub heartbeats: BTreeMap<String, HeartbeatInfo>,
-    /// Model.
-    pub model: ModelSummary,
-    /// `/readyz` value.
-    pub ready: bool,
-    /// The latest node-monitoring pass per configured node (`null` while rollout is off).
-    pub node_monitor: Option<MonitorView>,
-    /// How each configured node's kubelet allocates the unified resource, and why.
-    pub allocation_api: BTreeMap<String, AllocationApiView>,
-}
-
-/// One node's allocation API in `GET /state`.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AllocationApiView {
-    /// `device-plugin` or `dra`.
-    pub api: kudos_api::dra::AllocationApi,
-    /// The policy or label that decided it.
-    pub why: &'static str,
-    /// The devices of its ResourceSlices of the Kudos driver, if it has any.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub slice_devices: Option<SliceCounts>,
-}
-
-/// A node's ResourceSlice devices in `GET /state`.
-#[derive(Serialize)]
-pub struct SliceCounts {
-    /// Without the unhealthy taint: what the scheduler may allocate.
-    pub healthy: u32,
-    /// All.
-    pub total: u32,
-}
-
-/// The model part of `GET /state`.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ModelSummary {
-    /// Highest run `seq` included.
-    pub applied_seq: u64,
-    /// Runs the model learned from.
-    pub runs: u64,
-    /// Classes with history.
-    pub classes: Vec<String>,
-    /// The full model state.
-    pub state: PublishedModel,
-}
-
-/// A published model, serialised as its state; shared, not copied, by `GET /state`.
-pub struct PublishedModel(pub Arc<Scheduler>);
-
-impl Serialize for PublishedModel {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.0.state().serialize(s)
-    }
 }
 
 #[cfg(test)]

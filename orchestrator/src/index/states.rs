@@ -3,11 +3,13 @@
 //! The extender asks for up to thousands of names per call, and answers kube-scheduler one line
 //! per name, in its order. So this returns, beside the states, each name's state by position:
 //! a repeated name points at its first occurrence's state (scheduler-core ranks each node once),
-//! an unknown or excluded one at none. Repeats are found through the slot each known node has in
-//! the profile table, a flag per node in a small vector, not through a map of the names.
+//! an unknown or excluded one at none. Each name is looked up once, in the index's one entry per
+//! node. Repeats are found through the slot each configured node's profile has (numbered at each
+//! configuration change), a flag per node in a small vector, not through a map of the names.
 
 use super::{
-    Index, UNKNOWN_CPU_MILLI, UNKNOWN_MEMORY_BYTES, UNKNOWN_NODE_REASON, Unknown, to_profile,
+    Index, NodeFacts, UNKNOWN_CPU_MILLI, UNKNOWN_MEMORY_BYTES, UNKNOWN_NODE_REASON, Unknown,
+    to_profile,
 };
 use crate::fasthash::FastMap;
 use crate::kobj::{NodeInfo, Requests};
@@ -18,7 +20,8 @@ use kudos_scheduler_core::{DeviceProfile, Name, NodeState};
 #[derive(Clone, Debug)]
 pub(super) struct Known {
     pub profile: DeviceProfile,
-    /// Its position in the profile table, `0..profiles.len()`, numbered at each rebuild.
+    /// Its position among the configured nodes, `0..Index::configured`, numbered at each
+    /// configuration change.
     pub slot: u32,
 }
 
@@ -73,19 +76,20 @@ impl Index {
             of_name: Vec::with_capacity(high.unwrap_or(low)),
         };
         // Per profile slot: the state this call gave it, UNSEEN or STATELESS.
-        let mut seen = vec![UNSEEN; self.profiles.len()];
-        // Names outside the profile table (known by their labels or slices, or not at all).
+        let mut seen = vec![UNSEEN; self.configured];
+        // Names without a configured profile (known by their labels or slices, or not at all).
         let mut seen_elsewhere: FastMap<&str, u32> = FastMap::default();
         for name in names {
-            let known = self.profiles.get_key_value(name);
+            let facts = self.nodes.get_key_value(name);
+            let known = facts.and_then(|(_, f)| f.known.as_ref());
             let first = match known {
-                Some((_, k)) => seen.get(k.slot as usize).copied().unwrap_or(UNSEEN),
+                Some(k) => seen.get(k.slot as usize).copied().unwrap_or(UNSEEN),
                 None => seen_elsewhere.get(name).copied().unwrap_or(UNSEEN),
             };
             let state = if first != UNSEEN {
                 first
             } else {
-                let state = self.first_state(name, known, exclusions, from_request, assumed, now);
+                let state = self.first_state(name, facts, exclusions, from_request, assumed, now);
                 let state = match state {
                     Ok(s) => {
                         out.states.push(s);
@@ -96,7 +100,7 @@ impl Index {
                         STATELESS
                     }
                 };
-                match known.and_then(|(_, k)| seen.get_mut(k.slot as usize)) {
+                match known.and_then(|k| seen.get_mut(k.slot as usize)) {
                     Some(slot) => *slot = state,
                     None => {
                         seen_elsewhere.insert(name, state);
@@ -113,7 +117,7 @@ impl Index {
     fn first_state(
         &self,
         name: &str,
-        known: Option<(&Name, &Known)>,
+        facts: Option<(&Name, &NodeFacts)>,
         exclusions: Exclusions,
         from_request: &FastMap<String, NodeInfo>,
         assumed: &FastMap<String, Requests>,
@@ -124,7 +128,10 @@ impl Index {
         {
             return Err(reason.to_owned());
         }
-        let info = from_request.get(name).or_else(|| self.nodes.get(name));
+        let own = facts.map(|(_, f)| f);
+        let info = from_request
+            .get(name)
+            .or_else(|| own.and_then(|f| f.info.as_ref()));
         // A DRA node's devices are those of its ResourceSlices, which the scheduler
         // allocates from (the plugin's report until they are seen), never allocatable: a
         // plugin that registered through the device-plugin API before the orchestrator's
@@ -132,6 +139,7 @@ impl Index {
         // where they can matter.
         let dra = crate::dra::decide(self.allocation_policy, info).0
             == kudos_api::dra::AllocationApi::Dra;
+        let known = facts.and_then(|(n, f)| Some((n, f.known.as_ref()?)));
         let (node_name, profile) = match known {
             Some((n, k)) => (n.clone(), k.profile.clone()),
             None => match (
@@ -152,15 +160,12 @@ impl Index {
                 (None, None) => return Err(UNKNOWN_NODE_REASON.to_owned()),
             },
         };
-        let mut used = self.used.get(name).copied().unwrap_or_default();
+        let mut used = own.map(|f| f.used).unwrap_or_default();
         if let Some(a) = assumed.get(name) {
             used.add(*a);
         }
         // (healthy, total) devices as the device plugin reports them.
-        let reported = self.device_health.get(name).map(|m| {
-            m.values()
-                .fold((0u32, 0u32), |(a, b), (h, t)| (a + h, b + t))
-        });
+        let reported = own.and_then(NodeFacts::reported_devices);
         let devices = match dra.then(|| self.slices.node(name)).flatten() {
             Some((counts, _)) => Some(counts),
             None => reported,
@@ -169,7 +174,8 @@ impl Index {
         let allocatable = node_allocatable
             .map(u64::from)
             .unwrap_or_else(|| u64::from(devices.map_or(profile.count, |(h, _)| h)));
-        let health = self.health(name, info, devices, now);
+        let heartbeat = own.and_then(|f| f.heartbeat.as_ref());
+        let health = self.health(info, heartbeat, devices, now);
         Ok(NodeState {
             name: node_name,
             profile,

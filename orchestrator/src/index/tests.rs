@@ -3,6 +3,7 @@
 use super::*;
 use crate::kobj::{node_info, pod_facts};
 use k8s_openapi::api::core::v1::{Node, Pod};
+use kudos_scheduler_core::NodeState;
 
 const GPU: &str = "kudos.dev/gpu";
 
@@ -257,7 +258,7 @@ fn plugin_report_wins_over_labels_and_unknown_nodes_are_named() {
 #[test]
 fn each_name_finds_its_state_and_repeats_share_the_first() {
     let mut idx = mk_index();
-    // "plugged" has a plugin report (the profile table); "labelled" only its Node's labels.
+    // "plugged" has a plugin report (a configured profile); "labelled" only its Node's labels.
     idx.reset_nodes(vec![
         node_info(&mk_node("labelled", 2, true), GPU),
         node_info(&mk_node("cordoned", 2, true), GPU),
@@ -441,4 +442,54 @@ fn only_pods_that_hold_devices_change_the_ranking_generation() {
     idx.apply_pod(&pod_facts(&mk_pod("train", Some("n1"), 1, "Succeeded"), GPU).unwrap());
     assert!(idx.generation() > bound, "an ended GPU pod frees them");
     assert_eq!(state(&idx, "n1", 0.0).free_devices, 4);
+}
+
+/// One entry per node holds what every source knows of it; the entry goes when the last source
+/// lets go (the state is bounded by nodes that exist), and what each source said survives the
+/// others' changes.
+#[test]
+fn a_nodes_entry_lives_while_any_source_knows_it() {
+    let mut idx = mk_index();
+    let hb = HeartbeatInfo {
+        at: 50.0,
+        agent_version: String::new(),
+        outbox_depth: 0,
+        healthy_devices: 1,
+        total_devices: 1,
+    };
+    idx.reset_nodes(vec![
+        node_info(&mk_node("n1", 4, true), GPU),
+        node_info(&mk_node("n2", 4, true), GPU),
+        node_info(&mk_node("n1", 4, true), GPU),
+    ]);
+    assert_eq!(idx.node_count(), 2, "a name listed twice is one node");
+    idx.heartbeat("n1", hb.clone());
+    idx.set_device_health("n1", "nvidia", (3, 4));
+    idx.apply_pod(&pod_facts(&mk_pod("a", Some("n1"), 1, "Running"), GPU).unwrap());
+    idx.set_plugin_config(one_device_reported("n1", "nvidia", "NVIDIA L4"));
+
+    // The Node object goes; the plugin's profile and the bound pod keep the entry.
+    idx.delete_node("n1");
+    assert_eq!(idx.node_count(), 1);
+    assert!(
+        idx.view(100.0).heartbeats.is_empty(),
+        "its heartbeat went with it"
+    );
+    let s = state(&idx, "n1", 100.0);
+    assert_eq!((s.free_devices, s.cpu_requested_milli), (0, 1000));
+    // A new Node list does not forget the pod's use.
+    idx.reset_nodes(vec![node_info(&mk_node("n1", 4, true), GPU)]);
+    assert_eq!(idx.node_count(), 1);
+    assert_eq!(state(&idx, "n1", 100.0).free_devices, 3);
+    assert!(
+        !idx.nodes.contains_key("n2"),
+        "n2 had nothing but its Node object"
+    );
+
+    idx.delete_node("n1");
+    idx.delete_pod(&pod_facts(&mk_pod("a", Some("n1"), 1, "Running"), GPU).unwrap());
+    assert!(idx.nodes.contains_key("n1"), "still configured");
+    idx.set_plugin_config(PluginConfig::default());
+    assert!(idx.nodes.is_empty(), "nothing left of n1: {:?}", idx.nodes);
+    assert_eq!(idx.profile("n1"), None);
 }
