@@ -268,10 +268,7 @@ mod tests {
                             gpus,
                             cpu_milli: cpu,
                             memory_bytes: memory,
-                            work_units: None,
-                            deadline_seconds: None,
-                            gang: None,
-                            vendors: Vec::new(),
+                            ..Default::default()
                         };
                         let fits = node_kind_fits(&node, &pod);
                         assert_eq!(

@@ -455,10 +455,7 @@ mod tests {
             gpus,
             cpu_milli: cpu,
             memory_bytes: mem,
-            work_units: None,
-            deadline_seconds: None,
-            gang: None,
-            vendors: Vec::new(),
+            ..Default::default()
         }
     }
 

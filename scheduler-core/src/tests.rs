@@ -32,10 +32,7 @@ pub(crate) fn pod(class: Option<&str>) -> PodSpec {
         gpus: 1,
         cpu_milli: 1000,
         memory_bytes: 1 << 30,
-        work_units: None,
-        deadline_seconds: None,
-        gang: None,
-        vendors: Vec::new(),
+        ..Default::default()
     }
 }
 

@@ -84,8 +84,9 @@ pub struct GangSpec {
     pub size: u32,
 }
 
-/// The pod to place, as far as scheduling is concerned.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// The pod to place, as far as scheduling is concerned. `Default` is a pod of no class that
+/// asks for nothing, for literals that set only what they need.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PodSpec {
     /// Namespace.
     pub namespace: String,

@@ -162,10 +162,7 @@ fn simulate(
                         gpus: 1,
                         cpu_milli: 1000,
                         memory_bytes: 1 << 30,
-                        work_units: None,
-                        deadline_seconds: None,
-                        gang: None,
-                        vendors: Vec::new(),
+                        ..Default::default()
                     };
                     let r = sched.rank(&pod, &nodes, now, seed);
                     let best = r.best().expect("a free node").node.clone();

@@ -76,10 +76,7 @@ fn pod(class: bool) -> PodSpec {
         gpus: 1,
         cpu_milli: 500,
         memory_bytes: 1 << 30,
-        work_units: None,
-        deadline_seconds: None,
-        gang: None,
-        vendors: Vec::new(),
+        ..Default::default()
     }
 }
 

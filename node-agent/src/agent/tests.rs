@@ -16,6 +16,25 @@ async fn tick_for<A: AssignmentSource>(agent: &mut Agent<A>, d: Duration) {
 }
 
 /// A tracker that ends a run at the first listing that lacks it (no grace period).
+/// `ml/train` (class `resnet50`) with one container, `main`, started and finished as given.
+fn train_meta(first_start_ms: Option<i64>, finished_ms: Option<i64>, ended: bool) -> PodMeta {
+    PodMeta {
+        uid: "uid-1".into(),
+        class: "resnet50".into(),
+        ended,
+        containers: [(
+            "main".to_owned(),
+            ContainerTimes {
+                first_start_ms,
+                finished_ms,
+                restarts: 0,
+            },
+        )]
+        .into(),
+        ..Default::default()
+    }
+}
+
 fn tracker() -> RunTracker {
     tracker_with_grace(Duration::ZERO)
 }
@@ -49,20 +68,7 @@ async fn scenario(
     let pr = PodResources::new(&sock, vec!["kudos.dev/gpu".into()], Duration::from_secs(1))
         .expect("client");
     let meta = PodMetaStore::default();
-    let status = |first_start_ms, finished_ms| PodMeta {
-        uid: "uid-1".into(),
-        class: "resnet50".into(),
-        containers: [(
-            "main".to_owned(),
-            ContainerTimes {
-                first_start_ms,
-                finished_ms,
-                restarts: 0,
-            },
-        )]
-        .into(),
-        ..Default::default()
-    };
+    let status = |first_start_ms, finished_ms| train_meta(first_start_ms, finished_ms, false);
     meta.apply("ml", "train", status(None, None));
     let outbox = Arc::new(Outbox::open(&dir.path().join("outbox"), 1000).expect("outbox"));
     let metrics = Metrics::new("node-a");
@@ -303,20 +309,8 @@ async fn kubelet_restart_mid_run(with_meta: bool) {
     let pr = PodResources::new(&sock, vec!["kudos.dev/gpu".into()], Duration::from_secs(1))
         .expect("client");
     let store = PodMetaStore::default();
-    let status = |first_start_ms, finished_ms: Option<i64>| PodMeta {
-        uid: "uid-1".into(),
-        class: "resnet50".into(),
-        ended: finished_ms.is_some(),
-        containers: [(
-            "main".to_owned(),
-            ContainerTimes {
-                first_start_ms,
-                finished_ms,
-                restarts: 0,
-            },
-        )]
-        .into(),
-        ..Default::default()
+    let status = |first_start_ms, finished_ms: Option<i64>| {
+        train_meta(first_start_ms, finished_ms, finished_ms.is_some())
     };
     let meta: Arc<dyn PodMetaSource> = if with_meta {
         Arc::new(store.clone())
