@@ -132,6 +132,9 @@ struct NodeFacts {
     used: Requests,
     /// Per vendor, `(healthy, total)` devices as its device plugin last reported.
     device_health: BTreeMap<String, (u32, u32)>,
+    /// Their sum over vendors, kept at each report: ranking reads it for every candidate, and
+    /// the map is one more pointer to chase per node.
+    reported: Option<(u32, u32)>,
     /// Its node agent's latest heartbeat.
     heartbeat: Option<HeartbeatInfo>,
 }
@@ -147,11 +150,19 @@ impl NodeFacts {
 
     /// `(healthy, total)` devices over the vendors its plugins reported, if any did.
     fn reported_devices(&self) -> Option<(u32, u32)> {
-        (!self.device_health.is_empty()).then(|| {
+        self.reported
+    }
+
+    /// Records `vendor`'s report and the new sum.
+    fn set_device_health(&mut self, vendor: &str, health: (u32, u32)) {
+        self.device_health.insert(vendor.to_owned(), health);
+        self.reported = Some(
             self.device_health
                 .values()
-                .fold((0u32, 0u32), |(a, b), (h, t)| (a + h, b + t))
-        })
+                .fold((0u32, 0u32), |(a, b), (h, t)| {
+                    (a.saturating_add(*h), b.saturating_add(*t))
+                }),
+        );
     }
 }
 
@@ -272,6 +283,7 @@ impl Index {
             self.node_objects -= usize::from(facts.info.take().is_some());
             facts.heartbeat = None;
             facts.device_health.clear();
+            facts.reported = None;
             self.prune(name);
         }
     }
@@ -392,9 +404,7 @@ impl Index {
     /// Records the device health a plugin reported: `(healthy, total)` for one vendor.
     pub fn set_device_health(&mut self, node: &str, vendor: &str, health: (u32, u32)) {
         self.generation += 1;
-        self.facts_mut(node)
-            .device_health
-            .insert(vendor.to_owned(), health);
+        self.facts_mut(node).set_device_health(vendor, health);
     }
 
     /// Replaces the plugin configuration (at start, and after the registry persisted a change).
