@@ -60,15 +60,25 @@ def table(path):
     return "\n".join(out)
 
 
-def side_by_side(wl):
-    """One row per rate: Kudos' ratios in the three information modes side by side."""
+def load_modes(wl):
+    """Workload wl's CSVs of every information mode, the declared mode's, its rates and the
+    kube-default JCT at the lowest rate (what "kube ×2" compares with); None if a mode is
+    missing."""
     ds = {m: load(os.path.join(HERE, f"{wl}-{m}.csv")) for m, _ in MODES
           if os.path.exists(os.path.join(HERE, f"{wl}-{m}.csv"))}
     if len(ds) < len(MODES):
-        return ""
+        return None
     d0 = ds["declared"]
     rates = sorted({k[0] for k in d0})
-    base = jct(d0, rates[0], "kube-default")[0]
+    return ds, d0, rates, jct(d0, rates[0], "kube-default")[0]
+
+
+def side_by_side(wl):
+    """One row per rate: Kudos' ratios in the three information modes side by side."""
+    loaded = load_modes(wl)
+    if loaded is None:
+        return ""
+    ds, d0, rates, base = loaded
     head = ["rate", "kube-default h", "g-oracle h", "kube ×2"]
     for what in ("kudos/kube", "kudos/g-oracle", "kudos/fastest"):
         head += [f"{what} {m[0]}" for m, _ in MODES]
@@ -89,13 +99,10 @@ def side_by_side(wl):
 def compact(wl):
     """As side_by_side, one cell per ratio: the three modes' ratios of means (d / p / n) and the
     lowest-highest per-seed ratio over all three."""
-    ds = {m: load(os.path.join(HERE, f"{wl}-{m}.csv")) for m, _ in MODES
-          if os.path.exists(os.path.join(HERE, f"{wl}-{m}.csv"))}
-    if len(ds) < len(MODES):
+    loaded = load_modes(wl)
+    if loaded is None:
         return ""
-    d0 = ds["declared"]
-    rates = sorted({k[0] for k in d0})
-    base = jct(d0, rates[0], "kube-default")[0]
+    ds, d0, rates, base = loaded
     out = ["| rate | kube-default h | kudos h (d / p / n) | g-oracle h | kube ×2 | kudos/kube | kudos/g-oracle | kudos/fastest |",
            "|---|---|---|---|---|---|---|---|"]
     for r in rates:
