@@ -119,6 +119,19 @@ fn metrics_of(orch: &Orchestrator) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&r.body).into_owned())
 }
 
+/// The replica's `/metrics` once it contains `line` (or after 30 s, whatever it says then): a new
+/// leader listens for gRPC, which is what readiness waits for, before it sets its leader gauge.
+async fn metrics_when(orch: &Orchestrator, line: &str) -> anyhow::Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = metrics_of(orch)?;
+        if text.contains(line) || Instant::now() > deadline {
+            return Ok(text);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// `POST /kudos/v1/prioritize` of a replica for a pod of `class` on `nodes`.
 fn prioritize(
     orch: &Orchestrator,
@@ -310,7 +323,8 @@ async fn the_follower_answers_from_the_shared_state_and_takes_over_with_every_ac
     assert!(r.is_ok(), "{r:?}\n{}", tail(b.log(), 30));
     let crash_failover = killed.elapsed();
     assert!(holder(&leases).await.contains(&format!("_{}_", b.pid())));
-    assert!(metrics_of(&b)?.contains("\nkudos_orchestrator_leader 1\n"));
+    let gauge = "\nkudos_orchestrator_leader 1\n";
+    assert!(metrics_when(&b, gauge).await?.contains(gauge));
     // a was killed and could not clear its label; in a cluster its restarted container does
     // (and a dead container is not ready, so the Service skips it meanwhile).
     let leaders = leaders_when(&pods, |l| l == ["a", "b"]).await;
