@@ -53,7 +53,8 @@ pub type SharedIndex = Arc<RwLock<Index>>;
 const UNKNOWN_CPU_MILLI: u64 = 1 << 40;
 const UNKNOWN_MEMORY_BYTES: u64 = 1 << 60;
 /// Distinct vendor and model names the index shares between nodes; more are copied per node
-/// (ranking still matches those profiles, by their text).
+/// (ranking still matches those profiles, by their text). Kept for the index's life: they
+/// come from plugin reports and Node labels, which name a cluster's few device models.
 const MAX_INTERNED_NAMES: usize = 64;
 
 /// Why a candidate cannot be ranked when Kudos knows no accelerators on it: no
@@ -85,9 +86,12 @@ pub struct Index {
     nodes: FastMap<Name, NodeFacts>,
     /// Entries of `nodes` with a Node object.
     node_objects: usize,
-    /// Entries of `nodes` with a profile in the plugin configuration ([`states::Known::slot`]
-    /// runs below it).
-    configured: usize,
+    /// [`NodeFacts::slot`]s given out: every slot is below it.
+    slots: u32,
+    /// Slots of removed entries, given to the next new ones.
+    free_slots: Vec<u32>,
+    /// Vendor and model names shared by the nodes' profiles (see [`MAX_INTERNED_NAMES`]).
+    interned: Vec<Name>,
     pods: FastMap<String, (String, Requests)>,
     /// Pods the watch has shown ended (terminal or deleted), oldest first, at most
     /// [`MAX_ENDED_PODS`]: an assumed bind of one of them must not count again.
@@ -122,19 +126,22 @@ pub struct Index {
 /// entry lives while any source has something for its node ([`NodeFacts::is_empty`]).
 #[derive(Debug, Default)]
 struct NodeFacts {
+    /// Its number among the entries, `0..Index::slots`, for as long as the entry lives: a
+    /// ranking call marks the nodes it has seen in a vector by slot, not in a map of names.
+    slot: u32,
     /// Its device profile from the plugin configuration, computed once per configuration
     /// change. Keyed by a shared name, as scheduler-core takes it: every ranking input shares
     /// the name and the profile's strings instead of copying them.
-    known: Option<states::Known>,
+    known: Option<DeviceProfile>,
     /// The Node object (Node watch).
     info: Option<NodeInfo>,
+    /// The profile its Node's `kudos.dev/gpu-*` labels describe, computed when the Node
+    /// changes, with shared strings like `known`'s (ranking reads it when `known` is `None`).
+    labelled: Option<DeviceProfile>,
     /// What the pods bound to it request (Pod watch).
     used: Requests,
     /// Per vendor, `(healthy, total)` devices as its device plugin last reported.
     device_health: BTreeMap<String, (u32, u32)>,
-    /// Their sum over vendors, kept at each report: ranking reads it for every candidate, and
-    /// the map is one more pointer to chase per node.
-    reported: Option<(u32, u32)>,
     /// Its node agent's latest heartbeat.
     heartbeat: Option<HeartbeatInfo>,
 }
@@ -148,21 +155,22 @@ impl NodeFacts {
             && self.heartbeat.is_none()
     }
 
-    /// `(healthy, total)` devices over the vendors its plugins reported, if any did.
+    /// `(healthy, total)` devices over the vendors its plugins reported, if any did. The sum
+    /// saturates: a plugin's report is outside input.
     fn reported_devices(&self) -> Option<(u32, u32)> {
-        self.reported
-    }
-
-    /// Records `vendor`'s report and the new sum.
-    fn set_device_health(&mut self, vendor: &str, health: (u32, u32)) {
-        self.device_health.insert(vendor.to_owned(), health);
-        self.reported = Some(
+        (!self.device_health.is_empty()).then(|| {
             self.device_health
                 .values()
                 .fold((0u32, 0u32), |(a, b), (h, t)| {
                     (a.saturating_add(*h), b.saturating_add(*t))
-                }),
-        );
+                })
+        })
+    }
+
+    /// Forgets the Node object; true when it had one.
+    fn take_info(&mut self) -> bool {
+        self.labelled = None;
+        self.info.take().is_some()
     }
 }
 
@@ -207,7 +215,9 @@ impl Index {
             heartbeat_max_age,
             nodes: FastMap::default(),
             node_objects: 0,
-            configured: 0,
+            slots: 0,
+            free_slots: Vec::new(),
+            interned: Vec::new(),
             pods: FastMap::default(),
             ended: FifoMap::new(MAX_ENDED_PODS),
             plugin_config: PluginConfig {
@@ -264,9 +274,18 @@ impl Index {
     /// Adds or replaces a node.
     pub fn apply_node(&mut self, info: NodeInfo) {
         self.generation += 1;
+        self.put_node(info);
+    }
+
+    /// Sets a node's Node object and the profile its labels describe.
+    fn put_node(&mut self, info: NodeInfo) {
+        let labelled = info
+            .label_profile
+            .as_ref()
+            .map(|p| intern_profile(&mut self.interned, p));
         let facts = self.facts_mut(&info.name);
-        let new = facts.info.is_none();
-        facts.info = Some(info);
+        facts.labelled = labelled;
+        let new = facts.info.replace(info).is_none();
         self.node_objects += usize::from(new);
     }
 
@@ -280,10 +299,9 @@ impl Index {
     pub fn delete_node(&mut self, name: &str) {
         self.generation += 1;
         if let Some(facts) = self.nodes.get_mut(name) {
-            self.node_objects -= usize::from(facts.info.take().is_some());
+            self.node_objects -= usize::from(facts.take_info());
             facts.heartbeat = None;
             facts.device_health.clear();
-            facts.reported = None;
             self.prune(name);
         }
     }
@@ -293,16 +311,44 @@ impl Index {
         self.nodes.get(name).and_then(|f| f.info.as_ref())
     }
 
-    /// `name`'s entry, created empty when it has none.
+    /// `name`'s entry, created empty with a free slot when it has none (the name is copied
+    /// only then: pod and heartbeat events mostly update an entry that exists).
     fn facts_mut(&mut self, name: &str) -> &mut NodeFacts {
-        self.nodes.entry(Name::from(name)).or_default()
+        if !self.nodes.contains_key(name) {
+            let slot = self.free_slots.pop().unwrap_or_else(|| {
+                self.slots += 1;
+                self.slots - 1
+            });
+            let facts = NodeFacts {
+                slot,
+                ..Default::default()
+            };
+            self.nodes.insert(Name::from(name), facts);
+        }
+        self.nodes
+            .get_mut(name)
+            .expect("the entry was inserted just above")
     }
 
     /// Drops `name`'s entry when no source has anything left for it.
     fn prune(&mut self, name: &str) {
-        if self.nodes.get(name).is_some_and(NodeFacts::is_empty) {
-            self.nodes.remove(name);
+        if self.nodes.get(name).is_some_and(NodeFacts::is_empty)
+            && let Some(facts) = self.nodes.remove(name)
+        {
+            self.free_slots.push(facts.slot);
         }
+    }
+
+    /// Drops every entry no source has anything left for.
+    fn prune_all(&mut self) {
+        let free = &mut self.free_slots;
+        self.nodes.retain(|_, f| {
+            let keep = !f.is_empty();
+            if !keep {
+                free.push(f.slot);
+            }
+            keep
+        });
     }
 
     /// Nodes in the plugin configuration that the Node watch does not list (deleted while the
@@ -320,16 +366,13 @@ impl Index {
     pub fn reset_nodes(&mut self, nodes: Vec<NodeInfo>) {
         self.generation += 1;
         for facts in self.nodes.values_mut() {
-            facts.info = None;
+            facts.take_info();
         }
         self.node_objects = 0;
         for info in nodes {
-            let facts = self.facts_mut(&info.name);
-            let new = facts.info.is_none();
-            facts.info = Some(info);
-            self.node_objects += usize::from(new);
+            self.put_node(info);
         }
-        self.nodes.retain(|_, f| !f.is_empty());
+        self.prune_all();
         self.nodes_synced = true;
     }
 
@@ -380,7 +423,7 @@ impl Index {
         for facts in self.nodes.values_mut() {
             facts.used = Requests::default();
         }
-        self.nodes.retain(|_, f| !f.is_empty());
+        self.prune_all();
         for p in pods {
             self.apply_pod(p);
         }
@@ -404,45 +447,27 @@ impl Index {
     /// Records the device health a plugin reported: `(healthy, total)` for one vendor.
     pub fn set_device_health(&mut self, node: &str, vendor: &str, health: (u32, u32)) {
         self.generation += 1;
-        self.facts_mut(node).set_device_health(vendor, health);
+        self.facts_mut(node)
+            .device_health
+            .insert(vendor.to_owned(), health);
     }
 
     /// Replaces the plugin configuration (at start, and after the registry persisted a change).
     pub fn set_plugin_config(&mut self, cfg: PluginConfig) {
         self.generation += 1;
-        // Nodes of one profile share its vendor and model names: ranking matches a node's
-        // profile by those allocations before it hashes any text (scheduler-core's node_set).
-        let mut names: Vec<Name> = Vec::new();
-        let mut intern_name = |text: String| match names.iter().find(|n| n.as_str() == text) {
-            Some(n) => n.clone(),
-            None => {
-                let n = Name::from(text);
-                if names.len() < MAX_INTERNED_NAMES {
-                    names.push(n.clone());
-                }
-                n
-            }
-        };
-        let mut intern = |p: ProfileRecord| DeviceProfile {
-            vendor: intern_name(p.vendor),
-            model: intern_name(p.model),
-            count: p.count,
-            memory_bytes: p.memory_bytes,
-        };
         for facts in self.nodes.values_mut() {
             facts.known = None;
         }
-        let profiles = cfg
+        let interned = &mut self.interned;
+        let profiles: Vec<(&String, DeviceProfile)> = cfg
             .nodes
             .keys()
-            .filter_map(|n| Some((n, intern(cfg.profile(n)?))));
-        let mut slot = 0u32;
+            .filter_map(|n| Some((n, intern_profile(interned, &cfg.profile(n)?))))
+            .collect();
         for (name, profile) in profiles {
-            self.facts_mut(name).known = Some(states::Known { profile, slot });
-            slot += 1;
+            self.facts_mut(name).known = Some(profile);
         }
-        self.configured = slot as usize;
-        self.nodes.retain(|_, f| !f.is_empty());
+        self.prune_all();
         self.plugin_config = cfg;
     }
 
@@ -558,7 +583,7 @@ impl Index {
     /// node's `kudos.dev/gpu-*` labels.
     pub fn profile(&self, node: &str) -> Option<ProfileRecord> {
         let facts = self.nodes.get(node)?;
-        match facts.known.as_ref().map(|k| &k.profile) {
+        match facts.known.as_ref() {
             Some(p) => Some(ProfileRecord {
                 vendor: p.vendor.to_string(),
                 model: p.model.to_string(),
@@ -660,6 +685,27 @@ pub fn apply_run(scheduler: &mut Scheduler, run: &StoredRun) -> Result<Option<Fe
     }
     .map_err(|e| e.to_string())?;
     Ok(Some(fb))
+}
+
+/// `p` with vendor and model names shared with other nodes' profiles: ranking matches a node's
+/// profile by those allocations before it hashes any text (scheduler-core's node_set).
+fn intern_profile(interned: &mut Vec<Name>, p: &ProfileRecord) -> DeviceProfile {
+    let mut intern = |text: &str| match interned.iter().find(|n| n.as_str() == text) {
+        Some(n) => n.clone(),
+        None => {
+            let n = Name::from(text);
+            if interned.len() < MAX_INTERNED_NAMES {
+                interned.push(n.clone());
+            }
+            n
+        }
+    };
+    DeviceProfile {
+        vendor: intern(&p.vendor),
+        model: intern(&p.model),
+        count: p.count,
+        memory_bytes: p.memory_bytes,
+    }
 }
 
 /// Converts a persisted profile to scheduler-core's.

@@ -4,8 +4,8 @@
 //! per name, in its order. So this returns, beside the states, each name's state by position:
 //! a repeated name points at its first occurrence's state (scheduler-core ranks each node once),
 //! an unknown or excluded one at none. Each name is looked up once, in the index's one entry per
-//! node. Repeats are found through the slot each configured node's profile has (numbered at each
-//! configuration change), a flag per node in a small vector, not through a map of the names.
+//! node. Repeats are found through the slot each entry has, a mark per node in a small vector,
+//! not through a map of the names (only names without an entry go through one).
 
 use super::{
     Index, NodeFacts, UNKNOWN_CPU_MILLI, UNKNOWN_MEMORY_BYTES, UNKNOWN_NODE_REASON, Unknown,
@@ -14,16 +14,7 @@ use super::{
 use crate::fasthash::FastMap;
 use crate::kobj::{NodeInfo, Requests};
 use crate::state::ProfileRecord;
-use kudos_scheduler_core::{DeviceProfile, Name, NodeState};
-
-/// A node with a device profile in the plugin configuration.
-#[derive(Clone, Debug)]
-pub(super) struct Known {
-    pub profile: DeviceProfile,
-    /// Its position among the configured nodes, `0..Index::configured`, numbered at each
-    /// configuration change.
-    pub slot: u32,
-}
+use kudos_scheduler_core::{Name, NodeState};
 
 /// Whether nodes that node monitoring excludes are left out (the extender) or described like
 /// any other (`GET /state`).
@@ -47,7 +38,7 @@ pub struct NodeStates {
     pub of_name: Vec<Option<u32>>,
 }
 
-/// [`Known::slot`] not seen yet in this call.
+/// A [`NodeFacts::slot`] not seen yet in this call.
 const UNSEEN: u32 = u32::MAX;
 /// Seen in this call, without a state.
 const STATELESS: u32 = u32::MAX - 1;
@@ -75,15 +66,15 @@ impl Index {
             unknown: Vec::new(),
             of_name: Vec::with_capacity(high.unwrap_or(low)),
         };
-        // Per profile slot: the state this call gave it, UNSEEN or STATELESS.
-        let mut seen = vec![UNSEEN; self.configured];
-        // Names without a configured profile (known by their labels or slices, or not at all).
+        // Per entry's slot: the state this call gave it, UNSEEN or STATELESS.
+        let mut seen = vec![UNSEEN; self.slots as usize];
+        // Names without an entry (known by their slices, or not at all).
         let mut seen_elsewhere: FastMap<&str, u32> = FastMap::default();
         for name in names {
             let facts = self.nodes.get_key_value(name);
-            let known = facts.and_then(|(_, f)| f.known.as_ref());
-            let first = match known {
-                Some(k) => seen.get(k.slot as usize).copied().unwrap_or(UNSEEN),
+            let slot = facts.map(|(_, f)| f.slot as usize);
+            let first = match slot {
+                Some(i) => seen.get(i).copied().unwrap_or(UNSEEN),
                 None => seen_elsewhere.get(name).copied().unwrap_or(UNSEEN),
             };
             let state = if first != UNSEEN {
@@ -100,7 +91,7 @@ impl Index {
                         STATELESS
                     }
                 };
-                match known.and_then(|k| seen.get_mut(k.slot as usize)) {
+                match slot.and_then(|i| seen.get_mut(i)) {
                     Some(slot) => *slot = state,
                     None => {
                         seen_elsewhere.insert(name, state);
@@ -129,9 +120,8 @@ impl Index {
             return Err(reason.to_owned());
         }
         let own = facts.map(|(_, f)| f);
-        let info = from_request
-            .get(name)
-            .or_else(|| own.and_then(|f| f.info.as_ref()));
+        let sent = from_request.get(name);
+        let info = sent.or_else(|| own.and_then(|f| f.info.as_ref()));
         // A DRA node's devices are those of its ResourceSlices, which the scheduler
         // allocates from (the plugin's report until they are seen), never allocatable: a
         // plugin that registered through the device-plugin API before the orchestrator's
@@ -139,16 +129,23 @@ impl Index {
         // where they can matter.
         let dra = crate::dra::decide(self.allocation_policy, info).0
             == kudos_api::dra::AllocationApi::Dra;
-        let known = facts.and_then(|(n, f)| Some((n, f.known.as_ref()?)));
-        let (node_name, profile) = match known {
-            Some((n, k)) => (n.clone(), k.profile.clone()),
+        // The plugin's report first, then the labels: a Node sent in the request is read as it
+        // is, the index's own with the profile computed when it changed.
+        let cached = facts.and_then(|(n, f)| {
+            let p = f.known.as_ref();
+            let p = p.or_else(|| f.labelled.as_ref().filter(|_| sent.is_none()));
+            Some((n, p?))
+        });
+        let shared_name = || facts.map_or_else(|| Name::from(name), |(n, _)| n.clone());
+        let (node_name, profile) = match cached {
+            Some((n, p)) => (n.clone(), p.clone()),
             None => match (
                 info.and_then(|i| i.label_profile.as_ref()),
                 self.slices.node(name),
             ) {
-                (Some(p), _) => (Name::from(name), to_profile(p)),
+                (Some(p), _) => (shared_name(), to_profile(p)),
                 (None, Some((_, s))) => (
-                    Name::from(name),
+                    shared_name(),
                     to_profile(&ProfileRecord {
                         vendor: s.vendor.clone(),
                         model: s.model.clone(),

@@ -242,6 +242,23 @@ fn health_from_readiness_devices_and_heartbeats() {
     ));
 }
 
+/// Plugins' reports are outside input: counts summed over vendors saturate instead of
+/// overflowing, and a node with healthy devices stays healthy.
+#[test]
+fn device_health_summed_over_vendors_saturates() {
+    let mut idx = mk_index();
+    idx.reset_nodes(vec![node_info(&mk_node("n1", 2, true), GPU)]);
+    idx.set_device_health("n1", "nvidia", (u32::MAX, u32::MAX));
+    idx.set_device_health("n1", "amd", (5, 5));
+    assert_eq!(state(&idx, "n1", 0.0).health, NodeHealth::Healthy);
+    let observed = idx.monitor_observations();
+    let health = &observed.plugin_health["n1"];
+    assert_eq!(
+        (health.healthy, health.total),
+        (u64::from(u32::MAX), u64::from(u32::MAX))
+    );
+}
+
 #[test]
 fn plugin_report_wins_over_labels_and_unknown_nodes_are_named() {
     let mut idx = mk_index();
@@ -291,6 +308,47 @@ fn each_name_finds_its_state_and_repeats_share_the_first() {
     );
     assert_eq!(view.of_name, [Some(0)]);
     assert_eq!(view.states[0].name.as_str(), "cordoned");
+}
+
+/// Nodes described only by their labels share the labels' names too, follow a label change,
+/// and a Node sent in the request wins over the index's; an entry's slot, freed when its node
+/// goes, serves a new node without mixing the two up.
+#[test]
+fn labelled_nodes_share_names_follow_changes_and_slots_are_reused() {
+    let mut idx = mk_index();
+    idx.reset_nodes(vec![
+        node_info(&mk_node("a", 2, true), GPU),
+        node_info(&mk_node("b", 2, true), GPU),
+    ]);
+    let [a, b] = ["a", "b"].map(|n| state(&idx, n, 0.0).profile);
+    assert_eq!(a.model, "NVIDIA L4");
+    assert!(
+        Name::same_allocation(&a.model, &b.model) && Name::same_allocation(&a.vendor, &b.vendor)
+    );
+
+    let mut relabelled = mk_node("b", 2, true);
+    let labels = relabelled.metadata.labels.get_or_insert_default();
+    labels.insert("kudos.dev/gpu-model".into(), "NVIDIA T4".into());
+    idx.apply_node(node_info(&relabelled, GPU));
+    assert_eq!(state(&idx, "b", 0.0).profile.model, "NVIDIA T4");
+
+    let sent: FastMap<String, NodeInfo> =
+        [("b".to_owned(), node_info(&mk_node("b", 2, true), GPU))]
+            .into_iter()
+            .collect();
+    let got = idx.node_states(["b"], Exclusions::Apply, &sent, &FastMap::default(), 0.0);
+    assert_eq!(
+        got.states[0].profile.model, "NVIDIA L4",
+        "the request's Node wins"
+    );
+
+    idx.delete_node("a");
+    idx.apply_node(node_info(&mk_node("c", 1, true), GPU));
+    let got = ask(&idx, ["c", "b", "a", "c", "b"], 0.0);
+    let names: Vec<&str> = got.states.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["c", "b"]);
+    assert_eq!(got.of_name, [Some(0), Some(1), None, Some(0), Some(1)]);
+    assert_eq!(got.states[0].free_devices, 1);
 }
 
 /// Nodes whose plugins report one model share its names (ranking matches profiles by them),

@@ -41,16 +41,13 @@ impl Index {
             plugin_health: self
                 .nodes
                 .iter()
-                .filter(|(_, f)| !f.device_health.is_empty())
-                .map(|(node, f)| {
-                    let (healthy, total) = f
-                        .device_health
-                        .values()
-                        .fold((0u64, 0u64), |(a, b), (h, t)| {
-                            (a + u64::from(*h), b + u64::from(*t))
-                        });
-                    let health = kudos_rollout::PluginHealth { healthy, total };
-                    (node.to_string(), health)
+                .filter_map(|(node, f)| {
+                    let (healthy, total) = f.reported_devices()?;
+                    let health = kudos_rollout::PluginHealth {
+                        healthy: healthy.into(),
+                        total: total.into(),
+                    };
+                    Some((node.to_string(), health))
                 })
                 .collect(),
             heartbeats: self
