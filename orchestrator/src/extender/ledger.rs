@@ -192,20 +192,24 @@ impl Ledger {
         );
     }
 
-    /// Resources of assumed binds per node, leaving out pods the index already counts.
+    /// Resources of assumed binds per node, leaving out pods the index already counts. Those
+    /// are forgotten here: once the Pod watch has shown a bind, the index counts the pod for
+    /// good (and remembers it ended), so every call looks up only the binds still in flight,
+    /// not every bind of the last [`ASSUME_TTL_SECONDS`].
     pub fn assumed_by_node(
         &self,
         index_knows: impl Fn(&str) -> bool,
         now: f64,
     ) -> FastMap<String, Requests> {
-        let g = self.lock();
+        let mut g = self.lock();
         let mut out: FastMap<String, Requests> = FastMap::default();
-        for (uid, a) in &g.assumed {
+        g.assumed.retain(|uid, a| {
             if index_knows(uid) || (self.cluster && now - a.at > ASSUME_TTL_SECONDS) {
-                continue;
+                return false;
             }
             out.entry(a.node.clone()).or_default().add(a.requests);
-        }
+            true
+        });
         out
     }
 
@@ -435,6 +439,23 @@ mod tests {
 
     fn claim(l: &Ledger, pod: &str, now: f64) -> Result<String, GangError> {
         l.claim(KEY, pod, |_| true, now).map(|(n, _)| n)
+    }
+
+    /// An assumed bind counts until the index counts the pod, and never again after: the
+    /// index may forget an ended pod later, and its bind must not count a second time.
+    #[test]
+    fn an_assumed_bind_counts_until_the_index_counts_the_pod() {
+        let l = Ledger::new(true);
+        let one_gpu = Requests {
+            gpus: 1,
+            ..Default::default()
+        };
+        l.saw("p", one_gpu, None, 0.0);
+        l.bound("p", "n1", 0.0);
+        let in_flight = l.assumed_by_node(|_| false, 1.0);
+        assert_eq!(in_flight.get("n1").map(|r| r.gpus), Some(1));
+        assert!(l.assumed_by_node(|uid| uid == "p", 2.0).is_empty());
+        assert!(l.assumed_by_node(|_| false, 3.0).is_empty());
     }
 
     #[test]
