@@ -24,6 +24,14 @@ pub const VENDORS: &str = "kudos.dev/vendors";
 /// Most vendors one [`VENDORS`] annotation may name.
 pub const MAX_POD_VENDORS: usize = 8;
 
+// === pods (set by the orchestrator) ===
+
+/// Pod annotation the orchestrator's `bind` sets: why Kudos placed the pod (the node it ranked
+/// first, that node's prediction and what it rests on, the runner-up, where the full ranking
+/// is; at most 1,000 characters). It rides on the Binding, which the API server copies onto
+/// the pod, so it costs no API write of its own.
+pub const PLACEMENT: &str = "kudos.dev/placement";
+
 // === nodes (read by the orchestrator) ===
 
 /// Node label: GPU vendor key (`nvidia`, `amd`, …).
@@ -67,6 +75,7 @@ mod tests {
             DEADLINE_SECONDS,
             GANG_NAME,
             GANG_SIZE,
+            PLACEMENT,
             GPU_VENDOR,
             GPU_MODEL,
             GPU_MEMORY_BYTES,

@@ -40,3 +40,35 @@ pub async fn unschedulable(
     )
     .await
 }
+
+/// Pods of `namespace` whose placement Kudos explained, as `kubectl describe pod` shows it:
+/// the `kudos.dev/placement` annotation on pods bound through the extender, a `KudosRanked`
+/// Event on pods Kudos ranked but did not bind (it stops sending Events once it binds).
+pub async fn explained(
+    client: &kube::Client,
+    namespace: &str,
+) -> anyhow::Result<std::collections::BTreeSet<String>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), namespace);
+    let annotated = pods
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| {
+            p.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(kudos_api::labels::PLACEMENT))
+        })
+        .filter_map(|p| p.metadata.name);
+    let evented = events
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("KudosRanked"))
+        .filter_map(|e| e.regarding?.name);
+    Ok(annotated.chain(evented).collect())
+}

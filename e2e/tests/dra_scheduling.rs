@@ -266,22 +266,17 @@ async fn one_pod_spec_gets_dra_on_one_node_and_the_device_plugin_on_the_other() 
         );
     }
 
-    // And each says why in an Event (`kubectl describe pod`), DRA node or not, also the pods
-    // for which one node was left and kube-scheduler skipped prioritize.
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(cp.client.clone(), "default");
+    // And each says why (`kubectl describe pod`), DRA node or not, also the pods for which one
+    // node was left and kube-scheduler skipped prioritize: the Binding through the extender
+    // carries the explanation onto the pod.
     let explained = wait_for(
-        "a KudosRanked event per placed pod",
+        "an explanation per placed pod",
         Duration::from_secs(30),
         Duration::from_millis(250),
         async || {
-            let list = events.list(&Default::default()).await.ok()?;
-            let about: Vec<String> = list
-                .items
-                .iter()
-                .filter(|e| e.reason.as_deref() == Some("KudosRanked"))
-                .filter_map(|e| e.regarding.as_ref()?.name.clone())
-                .collect();
+            let about = kudos_e2e::pods::explained(&cp.client, "default")
+                .await
+                .ok()?;
             placed
                 .iter()
                 .all(|(p, _)| about.contains(p))
@@ -289,7 +284,7 @@ async fn one_pod_spec_gets_dra_on_one_node_and_the_device_plugin_on_the_other() 
         },
     )
     .await?;
-    eprintln!("KudosRanked events about {explained:?}");
+    eprintln!("placements explained: {explained:?}");
 
     // No capacity left but the tainted device: the next pod waits.
     pods.create(&PostParams::default(), &gpu_pod("gpu-3")?)

@@ -5,6 +5,7 @@
 //! configured `ignorable`).
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kudos_api::labels::GPU_MODEL as MODEL_LABEL;
 use kudos_e2e::nodes::{NodeShape, create_nodes, uniform_shapes};
@@ -218,6 +219,18 @@ async fn extender_steers_class_to_fastest_model_and_explain_agrees() -> anyhow::
             mine,
             Some(best),
             "/explain: bound node {node} must carry the best Kudos score: {ex}"
+        );
+        // `kubectl describe pod` says why: the explanation rode on the extender's Binding.
+        let placed = pods.get(&name).await?;
+        let why = placed
+            .annotations()
+            .get(kudos_api::labels::PLACEMENT)
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            why.starts_with("Kudos ranked ") && why.ends_with(&format!("/explain/default/{name}")),
+            "{name} explains its placement in its {} annotation: {why:?}",
+            kudos_api::labels::PLACEMENT
         );
         let (t4, other) = fastest_by_model(&ex, &model_of);
         assert!(

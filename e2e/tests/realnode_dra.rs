@@ -7,7 +7,8 @@
 //! - runs on node a through the device plugin (no claim), and on node b through a DRA claim
 //!   the real kube-scheduler allocated from the plugin's ResourceSlice, the plugin prepared
 //!   and containerd applied through CDI (the workload exits 1 unless it is given a device it
-//!   can open through NVML), every pod placed after Kudos ranked it (a `KudosRanked` Event);
+//!   can open through NVML), every pod placed after Kudos ranked it (its
+//!   `kudos.dev/placement` annotation);
 //! - every run is reported once (the node agent attributes DRA devices through PodResources);
 //! - a device that raises XID 79 is tainted in the slice (the orchestrator counts 3 of 4 from
 //!   it) and never allocated: with node a full, node b takes three pods and the eighth waits;
@@ -159,20 +160,6 @@ fn claim_of(pod: &Pod) -> Option<String> {
         .map(|c| c.resource_claim_name.clone())
 }
 
-/// Pods named in a `KudosRanked` Event.
-async fn ranked(client: &kube::Client) -> Result<BTreeSet<String>> {
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(client.clone(), "default");
-    Ok(events
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("KudosRanked"))
-        .filter_map(|e| e.regarding?.name)
-        .collect())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_name_through_dra_on_one_real_node_and_the_device_plugin_on_the_other() -> Result<()> {
     if !require_bins("realnode_dra", &scenario::required_files()) {
@@ -260,11 +247,12 @@ async fn one_name_through_dra_on_one_real_node_and_the_device_plugin_on_the_othe
         FIRST / 2,
         "four jobs, four devices: {seen:?}"
     );
-    let ranked_pods = ranked(&client).await?;
+    let explained = kudos_e2e::pods::explained(&client, "default").await?;
     for (name, _, _) in &placed {
         assert!(
-            ranked_pods.contains(name),
-            "{name} has no KudosRanked event"
+            explained.contains(name),
+            "{name} has neither a {} annotation nor a KudosRanked event",
+            labels::PLACEMENT
         );
     }
     eprintln!(

@@ -304,28 +304,17 @@ async fn kudos_on_two_real_nodes_learns_placement_and_survives_restarts() -> Res
         eprintln!("RESULT /explain of job-{i:02} (class {class}) predicts {entries:?}");
     }
 
-    // `kubectl describe pod` tells why: one KudosRanked event per job, pointing at /explain.
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(client.clone(), "default");
+    // `kubectl describe pod` tells why: the chart's scheduler binds through the extender, whose
+    // Binding carries the explanation onto the pod, pointing at /explain.
     let last = format!("job-{:02}", JOBS - 1);
-    let note = wait_for(
-        "the KudosRanked event of the last job",
-        Duration::from_secs(30),
-        Duration::from_millis(500),
-        async || {
-            let list = events.list(&ListParams::default()).await.ok()?;
-            list.items
-                .into_iter()
-                .find(|e| {
-                    e.reason.as_deref() == Some("KudosRanked")
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref())
-                            == Some(last.as_str())
-                })
-                .and_then(|e| e.note)
-        },
-    )
-    .await?;
-    eprintln!("RESULT event on {last}: {note}");
+    let note = pods
+        .get(&last)
+        .await?
+        .metadata
+        .annotations
+        .and_then(|a| a.get(kudos_api::labels::PLACEMENT).cloned())
+        .with_context(|| format!("{last} has no {} annotation", kudos_api::labels::PLACEMENT))?;
+    eprintln!("RESULT placement of {last}: {note}");
     assert!(note.contains(&format!("/explain/default/{last}")), "{note}");
 
     // Every metric the chart's Grafana dashboard queries is one the components expose. (The

@@ -139,9 +139,10 @@ pub struct ExtenderConfig {
     /// Seconds a client has to send a request's headers before the connection is closed.
     /// Default 10.
     pub header_read_timeout_seconds: Option<f64>,
-    /// One Kubernetes Event per GPU pod saying why Kudos ranked its nodes as it did (what
-    /// `kubectl describe pod` shows). Default true. Each is one more API-server write per pod;
-    /// `/explain` answers the same question without it.
+    /// A Kubernetes Event per GPU pod saying why Kudos ranked its nodes as it did (what
+    /// `kubectl describe pod` shows), for pods Kudos does not bind itself: those it binds carry
+    /// the line as their `kudos.dev/placement` annotation. Default true. Each Event is one
+    /// more API-server write per pod; `/explain` answers the same question without it.
     pub pod_events: Option<bool>,
 }
 
@@ -358,7 +359,7 @@ pub struct Settings {
     pub max_connections: usize,
     /// Time a client has to send request headers.
     pub header_read_timeout: Duration,
-    /// Whether the extender writes one Event per GPU pod.
+    /// Whether the extender writes an Event per GPU pod it does not bind.
     pub pod_events: bool,
     /// Store kind.
     pub store_kind: StoreKind,

@@ -120,8 +120,10 @@ pub struct Args {
     /// kudos.dev/allocation-api label overrides it [file: nodes.allocationApi; default device-plugin].
     #[arg(long, env = "KUDOS_ALLOCATION_API", value_enum, value_name = "API")]
     pub allocation_api: Option<dra::AllocationPolicy>,
-    /// Write one Kubernetes Event per GPU pod explaining its ranking (one API-server write per
-    /// pod; /explain answers without it) [file: extender.podEvents; default true].
+    /// Write a Kubernetes Event explaining its ranking for each GPU pod Kudos does not bind
+    /// itself (one API-server write per pod; pods bound through the extender carry the same
+    /// line as their kudos.dev/placement annotation, and /explain answers without either)
+    /// [file: extender.podEvents; default true].
     #[arg(long, env = "KUDOS_POD_EVENTS", value_name = "BOOL")]
     pub pod_events: Option<bool>,
     /// Derive plugin images and apply one plugin DaemonSet per plugin group; needs a cluster

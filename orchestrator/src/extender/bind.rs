@@ -1,6 +1,7 @@
 //! Binding a pod to a node: the one extender call that reaches the API server.
 //!
-//! [`KubeBinder`] creates the `pods/binding` subresource. It is idempotent: when the API
+//! [`KubeBinder`] creates the `pods/binding` subresource, carrying the placement's explanation
+//! as an annotation the API server copies onto the pod. It is idempotent: when the API
 //! server answers Conflict (the pod is already bound), it reads the pod and succeeds if the
 //! pod is bound to the requested node, so a retried bind after a lost response succeeds.
 //! [`LocalBinder`] (standalone mode, no API server) only records the decision.
@@ -37,13 +38,15 @@ pub enum BindError {
 
 /// Creates bindings.
 pub trait Binder: Send + Sync + 'static {
-    /// Binds `namespace/name` (UID `uid`, empty when unknown) to `node`.
+    /// Binds `namespace/name` (UID `uid`, empty when unknown) to `node`, with `explanation`
+    /// as the pod's [`kudos_api::labels::PLACEMENT`] annotation.
     fn bind<'a>(
         &'a self,
         namespace: &'a str,
         name: &'a str,
         uid: &'a str,
         node: &'a str,
+        explanation: &'a str,
     ) -> BoxFuture<'a, Result<(), BindError>>;
 }
 
@@ -66,14 +69,17 @@ impl Binder for KubeBinder {
         name: &'a str,
         uid: &'a str,
         node: &'a str,
+        explanation: &'a str,
     ) -> BoxFuture<'a, Result<(), BindError>> {
         Box::pin(async move {
             let api: kube::Api<Pod> = kube::Api::namespaced(self.client.clone(), namespace);
+            let placement = kudos_api::labels::PLACEMENT.to_owned();
             let binding = Binding {
                 metadata: ObjectMeta {
                     name: Some(name.to_owned()),
                     namespace: Some(namespace.to_owned()),
                     uid: (!uid.is_empty()).then(|| uid.to_owned()),
+                    annotations: Some([(placement, explanation.to_owned())].into()),
                     ..Default::default()
                 },
                 target: ObjectReference {
@@ -122,6 +128,7 @@ impl Binder for LocalBinder {
         name: &'a str,
         _uid: &'a str,
         node: &'a str,
+        _explanation: &'a str,
     ) -> BoxFuture<'a, Result<(), BindError>> {
         tracing::info!(pod = %format!("{namespace}/{name}"), node, "standalone mode: bind recorded locally, no API server to bind with");
         Box::pin(std::future::ready(Ok(())))
@@ -139,6 +146,7 @@ mod tests {
                 None => {
                     assert_eq!(body["target"]["name"], "n1");
                     assert_eq!(body["target"]["kind"], "Node");
+                    assert_eq!(body["metadata"]["annotations"]["kudos.dev/placement"], "why");
                     (201, serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}))
                 }
                 Some(_) => (409, crate::fake_api::status(409, "Conflict")),
@@ -156,7 +164,7 @@ mod tests {
     #[tokio::test]
     async fn bind_creates_binding() {
         KubeBinder::new(api(None))
-            .bind("ns", "p", "u", "n1")
+            .bind("ns", "p", "u", "n1", "why")
             .await
             .unwrap();
     }
@@ -164,11 +172,11 @@ mod tests {
     #[tokio::test]
     async fn bind_is_idempotent() {
         KubeBinder::new(api(Some("n1")))
-            .bind("ns", "p", "u", "n1")
+            .bind("ns", "p", "u", "n1", "why")
             .await
             .unwrap();
         let e = KubeBinder::new(api(Some("n2")))
-            .bind("ns", "p", "u", "n1")
+            .bind("ns", "p", "u", "n1", "why")
             .await
             .unwrap_err();
         assert!(

@@ -698,7 +698,7 @@ impl Extender {
         uid: &str,
         node: &str,
         now: f64,
-    ) -> Result<(), BindRefusal> {
+    ) -> Result<Arc<Explained>, BindRefusal> {
         let pod = || format!("{ns}/{name}");
         let Some(e) = self.explain.get(ns, name) else {
             return Err(BindRefusal::NotRanked { pod: pod() });
@@ -716,7 +716,7 @@ impl Extender {
                 node: node.to_owned(),
             });
         }
-        Ok(())
+        Ok(e)
     }
 
     /// `POST <prefix>/bind`.
@@ -731,16 +731,20 @@ impl Extender {
             };
         };
         let uid = args.pod_uid.unwrap_or_default();
-        if let Err(e) = self.ranked_here(&ns, &name, &uid, &node, unix_now()) {
-            self.metrics
-                .bind_refused
-                .get_or_create(&crate::metrics::ReasonLabels { reason: e.reason() })
-                .inc();
-            tracing::warn!(pod = %format!("{ns}/{name}"), node, error = %e, "bind refused");
-            return ExtenderBindingResult {
-                error: e.to_string(),
-            };
-        }
+        let explained = match self.ranked_here(&ns, &name, &uid, &node, unix_now()) {
+            Ok(e) => e,
+            Err(e) => {
+                self.metrics
+                    .bind_refused
+                    .get_or_create(&crate::metrics::ReasonLabels { reason: e.reason() })
+                    .inc();
+                tracing::warn!(pod = %format!("{ns}/{name}"), node, error = %e, "bind refused");
+                return ExtenderBindingResult {
+                    error: e.to_string(),
+                };
+            }
+        };
+        let explanation = crate::events::note(&ns, &name, &explained);
         // A gang member binds only where it holds a slot; the slot is taken before the API
         // call so that concurrent binds of members cannot take the same one.
         let taken = match self.ledger.take_slot(&uid, &node, unix_now()) {
@@ -752,8 +756,16 @@ impl Extender {
                 };
             }
         };
-        match self.binder.bind(&ns, &name, &uid, &node).await {
+        match self
+            .binder
+            .bind(&ns, &name, &uid, &node, &explanation)
+            .await
+        {
             Ok(()) => {
+                // The explanation is on the pod now: no Event needed for the pods to come.
+                if let Some(events) = &self.events {
+                    events.explained_by_bind();
+                }
                 let gang = self.ledger.bound(&uid, &node, unix_now());
                 tracing::info!(pod = %format!("{ns}/{name}"), node, gang = gang.as_deref().unwrap_or(""), "bound");
                 ExtenderBindingResult::default()
