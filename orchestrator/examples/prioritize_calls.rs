@@ -14,6 +14,7 @@
 //! kube-scheduler sends it: `/filter` over all nodes, then `/prioritize` over those that passed,
 //! which may reuse the filter's ranking; count both verbs with
 //! `--toggle-collect='*prioritize_calls::filter_call*' --toggle-collect='*prioritize_calls::one_call*'`.
+//! With `KUDOS_BENCH_LABELLED=1` the nodes are described by their labels, not plugin reports.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -69,7 +70,10 @@ fn prioritize_after(body: &[u8], answer: &[u8]) -> Vec<u8> {
 
 fn main() {
     let (nodes, calls) = (arg(1, 5_000), arg(2, 10));
-    let index = fixture::index(nodes);
+    let index = match std::env::var("KUDOS_BENCH_LABELLED").as_deref() {
+        Ok("1") => fixture::labelled_index(nodes),
+        _ => fixture::index(nodes),
+    };
     let extender = common::mk_extender(index, Arc::new(Metrics::new()));
     let bodies: Vec<Vec<u8>> = (0..=calls)
         .map(|i| fixture::body_for(&format!("train-{i}"), nodes))
