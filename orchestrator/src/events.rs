@@ -36,8 +36,9 @@ pub struct PodEvents {
     by_bind: AtomicBool,
 }
 
-/// The event's note: the node ranked first, its prediction and what it rests on, the
-/// runner-up, and where the full ranking is. Kubernetes caps notes at 1 KiB.
+/// The line explaining a placement, as an Event's note or the `kudos.dev/placement`
+/// annotation `bind` sets: the node ranked first, its prediction and what it rests on, the
+/// runner-up, and where the full ranking is. Kubernetes caps Event notes at 1 KiB.
 pub fn note(namespace: &str, pod: &str, e: &Explained) -> String {
     let r = &e.ranking;
     let pred = |i: usize| {

@@ -744,7 +744,6 @@ impl Extender {
                 };
             }
         };
-        let explanation = crate::events::note(&ns, &name, &explained);
         // A gang member binds only where it holds a slot; the slot is taken before the API
         // call so that concurrent binds of members cannot take the same one.
         let taken = match self.ledger.take_slot(&uid, &node, unix_now()) {
@@ -756,6 +755,7 @@ impl Extender {
                 };
             }
         };
+        let explanation = crate::events::note(&ns, &name, &explained);
         match self
             .binder
             .bind(&ns, &name, &uid, &node, &explanation)
