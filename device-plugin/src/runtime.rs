@@ -39,8 +39,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::Server;
 use tonic::transport::server::Connected;
-use tonic::transport::{Endpoint, Server, Uri};
 
 /// Errors that stop the runtime.
 #[derive(Debug, thiserror::Error)]
@@ -455,24 +455,6 @@ async fn stop_server(r: Running, hang_up: Duration) {
     }
 }
 
-/// Opens a gRPC channel over a Unix socket (the kubelet's, or a plugin's in tests).
-pub async fn connect_unix(
-    path: &Path,
-) -> Result<tonic::transport::Channel, tonic::transport::Error> {
-    let path = path.to_owned();
-    // The URI is required by tonic but unused: the connector dials the socket.
-    Endpoint::from_static("http://[::1]:0")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                UnixStream::connect(path)
-                    .await
-                    .map(hyper_util::rt::TokioIo::new)
-            }
-        }))
-        .await
-}
-
 /// Sends `Register` to the kubelet over its Unix socket.
 pub async fn register(
     kubelet: &Path,
@@ -481,8 +463,9 @@ pub async fn register(
     timeout: Duration,
 ) -> Result<(), RegisterError> {
     let call = async {
-        let mut client =
-            api::registration_client::RegistrationClient::new(connect_unix(kubelet).await?);
+        let mut client = api::registration_client::RegistrationClient::new(
+            kudos_proto::unix::connect(kubelet).await?,
+        );
         client
             .register(api::RegisterRequest {
                 version: api::VERSION.into(),

@@ -13,12 +13,13 @@ mod support;
 use k8s_openapi::api::resource::v1 as res;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kudos_api::dra::{DRIVER, UNHEALTHY_TAINT_KEY, attribute, device_name};
-use kudos_device_plugin::runtime::connect_unix;
 use kudos_nvml::fake::FakeNvml;
 use kudos_proto::dra::v1 as dra;
 use kudos_proto::pluginregistration::v1 as reg;
+use kudos_proto::unix::connect as connect_unix;
+use kudos_testkit::paths::upstream_bin;
 use kudos_testkit::proc::wait_for;
-use kudos_testkit::{ControlPlane, ControlPlaneOptions, RunDir};
+use kudos_testkit::{ControlPlane, ControlPlaneOptions};
 use std::path::Path;
 use std::time::Duration;
 use support::Plugin;
@@ -133,10 +134,9 @@ async fn allocated_claim(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dra_mode_publishes_prepares_and_keeps_claims_across_a_restart() -> anyhow::Result<()> {
     let opts = ControlPlaneOptions::default();
-    let Some(run) = RunDir::for_test("dp-dra", &opts.bins())? else {
+    let Some((run, cp)) = ControlPlane::for_test("dp-dra", opts, &[]).await? else {
         return Ok(());
     };
-    let cp = ControlPlane::start(&run, opts).await?;
     let (tmp, mut fake) = fake_gpus(2)?;
     let flags = plugin_flags(tmp.path(), &fake, &cp.kubeconfig);
     let names = dra_names(&fake);
@@ -340,14 +340,13 @@ async fn dra_mode_publishes_prepares_and_keeps_claims_across_a_restart() -> anyh
 async fn the_real_scheduler_allocates_from_the_plugins_slice_and_the_plugin_prepares_it()
 -> anyhow::Result<()> {
     use k8s_openapi::api::core::v1::Pod;
-    let opts = ControlPlaneOptions {
-        scheduler: true,
-        ..Default::default()
-    };
-    let Some(run) = RunDir::for_test("dp-dra-scheduler", &opts.bins())? else {
+    // The scheduler starts once the plugin's slice is published.
+    let scheduler = [upstream_bin("kube-scheduler")];
+    let opts = ControlPlaneOptions::default();
+    let Some((run, mut cp)) = ControlPlane::for_test("dp-dra-scheduler", opts, &scheduler).await?
+    else {
         return Ok(());
     };
-    let mut cp = ControlPlane::start(&run, ControlPlaneOptions::default()).await?;
     let (tmp, mut fake) = fake_gpus(2)?;
     let mut flags = plugin_flags(tmp.path(), &fake, &cp.kubeconfig);
     // Device 1 stays unhealthy for the whole test.
@@ -477,10 +476,9 @@ async fn the_real_scheduler_allocates_from_the_plugins_slice_and_the_plugin_prep
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_orchestrators_answer_picks_and_switches_the_api() -> anyhow::Result<()> {
     let opts = ControlPlaneOptions::default();
-    let Some(run) = RunDir::for_test("dp-dra-switch", &opts.bins())? else {
+    let Some((run, cp)) = ControlPlane::for_test("dp-dra-switch", opts, &[]).await? else {
         return Ok(());
     };
-    let cp = ControlPlane::start(&run, opts).await?;
     let (tmp, fake) = fake_gpus(1)?;
     let stub = support::Registry::named("kudos.dev/gpu");
     *stub.allocation_api.lock().expect("lock") = "dra".into();

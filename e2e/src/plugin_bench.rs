@@ -422,16 +422,7 @@ impl Drop for ShortLink {
 async fn connect(
     path: &Path,
 ) -> Result<api::device_plugin_client::DevicePluginClient<tonic::transport::Channel>> {
-    let p = path.to_path_buf();
-    let channel = tonic::transport::Endpoint::try_from("http://localhost")?
-        .connect_with_connector(tower::service_fn(move |_: ::http::Uri| {
-            let p = p.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(p).await?,
-                ))
-            }
-        }))
+    let channel = kudos_proto::unix::connect(path)
         .await
         .with_context(|| format!("connect {}", path.display()))?;
     Ok(api::device_plugin_client::DevicePluginClient::new(channel))

@@ -25,7 +25,7 @@ use kudos_e2e::paths::{kudos_bin, upstream_bin};
 use kudos_e2e::pods::{bound_node, unschedulable};
 use kudos_e2e::proc::wait_for;
 use kudos_e2e::telemetry::{plugin_devices, report_plugin_devices};
-use kudos_e2e::{ControlPlane, ControlPlaneOptions, ExtenderOptions, RunDir, require_bins};
+use kudos_e2e::{ControlPlane, ControlPlaneOptions, ExtenderOptions};
 use serde_json::json;
 use std::time::Duration;
 
@@ -88,17 +88,15 @@ fn slice(node: &str, devices: &[kudos_proto::kudos::v1::Device]) -> anyhow::Resu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_pod_spec_gets_dra_on_one_node_and_the_device_plugin_on_the_other() -> anyhow::Result<()>
 {
+    // The scheduler starts once the extender's address is known.
     let bins = [
-        upstream_bin("etcd"),
-        upstream_bin("kube-apiserver"),
         upstream_bin("kube-scheduler"),
         kudos_bin("kudos-orchestrator"),
     ];
-    if !require_bins("dra_scheduling", &bins) {
+    let opts = ControlPlaneOptions::default();
+    let Some((run, mut cp)) = ControlPlane::for_test("dra_scheduling", opts, &bins).await? else {
         return Ok(());
-    }
-    let run = RunDir::new("dra-scheduling")?;
-    let mut cp = ControlPlane::start(&run, ControlPlaneOptions::default()).await?;
+    };
 
     // dp-node advertises kudos.dev/gpu through the device plugin; dra-node advertises nothing
     // under that name (its devices are in the slice) and is labelled for DRA.

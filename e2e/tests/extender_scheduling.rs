@@ -14,7 +14,7 @@ use kudos_e2e::paths::{kudos_bin, upstream_bin};
 use kudos_e2e::pods::{bound_node, unschedulable};
 use kudos_e2e::proc::wait_for;
 use kudos_e2e::telemetry::{completed_run, report_runs};
-use kudos_e2e::{ControlPlane, ControlPlaneOptions, ExtenderOptions, RunDir, require_bins};
+use kudos_e2e::{ControlPlane, ControlPlaneOptions, ExtenderOptions, RunDir};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -53,18 +53,16 @@ struct Setup {
 }
 
 /// Starts a [`Setup`]; `None` (the test skips) when the binaries are missing.
-async fn start(test: &str, run: &str, shapes: &[NodeShape]) -> anyhow::Result<Option<Setup>> {
+async fn start(test: &str, shapes: &[NodeShape]) -> anyhow::Result<Option<Setup>> {
+    // The scheduler starts once the extender's address is known.
     let bins = [
-        upstream_bin("etcd"),
-        upstream_bin("kube-apiserver"),
         upstream_bin("kube-scheduler"),
         kudos_bin("kudos-orchestrator"),
     ];
-    if !require_bins(test, &bins) {
+    let opts = ControlPlaneOptions::default();
+    let Some((run, cp)) = ControlPlane::for_test(test, opts, &bins).await? else {
         return Ok(None);
-    }
-    let run = RunDir::new(run)?;
-    let cp = ControlPlane::start(&run, ControlPlaneOptions::default()).await?;
+    };
     create_nodes(&cp.client, shapes, "kudos.dev/gpu").await?;
     let names: Vec<String> = shapes.iter().map(|s| s.name.clone()).collect();
     let orch = Orchestrator::start(run.path(), Some(&cp.kubeconfig), &names, &[]).await?;
@@ -140,7 +138,7 @@ async fn extender_steers_class_to_fastest_model_and_explain_agrees() -> anyhow::
         mut orch,
         mut ext,
         pods,
-    }) = start("extender_scheduling", "extender", &shapes).await?
+    }) = start("extender_scheduling", &shapes).await?
     else {
         return Ok(());
     };
@@ -291,7 +289,7 @@ async fn extender_gang_members_bind_to_reserved_slots() -> anyhow::Result<()> {
         orch,
         ext,
         pods,
-    }) = start("extender_gang", "extender-gang", &shapes).await?
+    }) = start("extender_gang", &shapes).await?
     else {
         return Ok(());
     };
@@ -388,7 +386,7 @@ async fn extender_keeps_pods_on_vendors_their_images_can_use() -> anyhow::Result
         orch: _orch,
         ext,
         pods,
-    }) = start("extender_vendors", "extender-vendors", &shapes).await?
+    }) = start("extender_vendors", &shapes).await?
     else {
         return Ok(());
     };
@@ -434,7 +432,7 @@ async fn extender_never_overcommits_devices() -> anyhow::Result<()> {
         orch: _orch,
         ext,
         pods,
-    }) = start("extender_overcommit", "extender-overcommit", &shapes).await?
+    }) = start("extender_overcommit", &shapes).await?
     else {
         return Ok(());
     };

@@ -8,10 +8,10 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kudos_e2e::nodes::{create_nodes, uniform_shapes};
 use kudos_e2e::orchestrator::Orchestrator;
-use kudos_e2e::paths::{kudos_bin, upstream_bin};
+use kudos_e2e::paths::kudos_bin;
 use kudos_e2e::proc::wait_for;
 use kudos_e2e::telemetry::report_plugin;
-use kudos_e2e::{ControlPlane, ControlPlaneOptions, RunDir, http, require_bins};
+use kudos_e2e::{ControlPlane, ControlPlaneOptions, http};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -39,16 +39,13 @@ async fn wait_state(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orchestrator_inventory_registry_and_configmap_store() -> anyhow::Result<()> {
-    let bins = [
-        upstream_bin("etcd"),
-        upstream_bin("kube-apiserver"),
-        kudos_bin("kudos-orchestrator"),
-    ];
-    if !require_bins("orchestrator_cluster", &bins) {
+    let opts = ControlPlaneOptions::default();
+    let orchestrator = [kudos_bin("kudos-orchestrator")];
+    let Some((run, cp)) =
+        ControlPlane::for_test("orchestrator_cluster", opts, &orchestrator).await?
+    else {
         return Ok(());
-    }
-    let run = RunDir::new("orchestrator")?;
-    let cp = ControlPlane::start(&run, ControlPlaneOptions::default()).await?;
+    };
     let ns: Api<Namespace> = Api::all(cp.client.clone());
     ns.create(
         &PostParams::default(),

@@ -14,15 +14,13 @@
 //!
 //! PodResources carries no labels or UIDs; those come from [`crate::podmeta`].
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
 use kudos_proto::podresources::v1::{
     ListPodResourcesRequest, pod_resources_lister_client::PodResourcesListerClient,
 };
-use tokio::net::UnixStream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// Devices held by one container.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -40,9 +38,6 @@ pub struct Assignment {
 /// Errors reading assignments.
 #[derive(Debug, thiserror::Error)]
 pub enum AttributionError {
-    /// The socket path cannot be used as an endpoint.
-    #[error("invalid PodResources endpoint: {0}")]
-    Endpoint(#[source] tonic::transport::Error),
     /// The kubelet answered with an error or was unreachable.
     #[error("PodResources List failed: {0}")]
     List(#[source] Box<tonic::Status>),
@@ -114,28 +109,12 @@ pub struct PodResources {
 
 impl PodResources {
     /// Prepares a client; the connection is made lazily and re-made after kubelet restarts.
-    pub fn new(
-        socket: &Path,
-        resources: Vec<String>,
-        timeout: Duration,
-    ) -> Result<Self, AttributionError> {
-        let path: PathBuf = socket.to_owned();
-        // The URI is required by the API but unused: the connector dials the socket.
-        let channel =
-            Endpoint::try_from("http://[::]:50051")
-                .map_err(AttributionError::Endpoint)?
-                .connect_timeout(timeout)
-                .connect_with_connector_lazy(tower::service_fn(move |_| {
-                    let path = path.clone();
-                    async move {
-                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?))
-                    }
-                }));
-        Ok(Self {
-            client: PodResourcesListerClient::new(channel),
+    pub fn new(socket: &Path, resources: Vec<String>, timeout: Duration) -> Self {
+        Self {
+            client: PodResourcesListerClient::new(kudos_proto::unix::connect_lazy(socket, timeout)),
             resources,
             timeout,
-        })
+        }
     }
 }
 

@@ -233,7 +233,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             &args.pod_resources_socket,
             args.resource_names.clone(),
             args.rpc_timeout,
-        )?;
+        );
         let tracker = runs::RunTracker::new(runs::RunConfig {
             node: node.clone(),
             busy_threshold_percent: args.busy_threshold_percent,

@@ -9,6 +9,8 @@
 //!   serves `Registration` on a socket in the kubelet's `plugins_registry` directory).
 //! - [`kudos::v1`]: the orchestrator API (`RegistryService`, `TelemetryService`).
 //!
+//! - [`unix`]: gRPC channels over the Unix sockets all the kubelet's APIs are served on.
+//!
 //! Kudos' own sources live in `proto/proto/`, the kubelet's APIs in `proto/third_party/kubelet/`
 //! (upstream's definitions, not ours to reshape); `build.rs` compiles them with protox, so no
 //! `protoc` is needed. Package names are kept exactly as the kubelet expects on the wire.
@@ -89,6 +91,8 @@ pub mod kudos {
         tonic::include_proto!("kudos.v1");
     }
 }
+
+pub mod unix;
 
 #[cfg(test)]
 mod tests;

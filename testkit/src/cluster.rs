@@ -243,6 +243,22 @@ pub fn scheduler_config(
 }
 
 impl ControlPlane {
+    /// For a test: a run directory named `test` and a control plane started in it; `None` when
+    /// a binary it needs (`opts.bins()`, then `extra`) is missing, the test returning after the
+    /// `SKIP:` line ([`crate::require_bins`] says when that fails instead).
+    pub async fn for_test(
+        test: &str,
+        opts: ControlPlaneOptions,
+        extra: &[PathBuf],
+    ) -> Result<Option<(RunDir, Self)>> {
+        let bins = [opts.bins(), extra.to_vec()].concat();
+        let Some(run) = RunDir::for_test(test, &bins)? else {
+            return Ok(None);
+        };
+        let cp = Self::start(&run, opts).await?;
+        Ok(Some((run, cp)))
+    }
+
     /// Starts etcd and kube-apiserver (and kube-scheduler when asked) in `run`, waits until
     /// the API server is ready, and creates the `default` ServiceAccount.
     pub async fn start(run: &RunDir, opts: ControlPlaneOptions) -> Result<Self> {

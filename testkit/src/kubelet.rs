@@ -153,16 +153,7 @@ pub async fn pod_resources_list(
     use kudos_proto::podresources::v1::{
         ListPodResourcesRequest, pod_resources_lister_client::PodResourcesListerClient,
     };
-    let path = socket.to_path_buf();
-    let channel = tonic::transport::Endpoint::try_from("http://localhost")?
-        .connect_with_connector(tower::service_fn(move |_: ::http::Uri| {
-            let p = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(p).await?,
-                ))
-            }
-        }))
+    let channel = kudos_proto::unix::connect(socket)
         .await
         .with_context(|| format!("connect {}", socket.display()))?;
     let mut c = PodResourcesListerClient::new(channel);

@@ -19,7 +19,7 @@
 //! panicking test leaves nothing running. On failure the run directory is kept and its path
 //! printed.
 //!
-//! Where to start: [`ControlPlane::start`].
+//! Where to start: [`ControlPlane::for_test`] in a test, [`ControlPlane::start`] elsewhere.
 #![forbid(unsafe_code)]
 
 pub mod cluster;

@@ -52,7 +52,7 @@ impl api::registration_server::Registration for Registration {
         let socket = self.dir.join(&req.endpoint);
         let tx = self.tx.clone();
         streams.push(tokio::spawn(async move {
-            let channel = match kudos_device_plugin::runtime::connect_unix(&socket).await {
+            let channel = match kudos_proto::unix::connect(&socket).await {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("kubelet stand-in: dialing the plugin failed: {e}");
@@ -200,7 +200,7 @@ pub async fn plugin_client(
     dir: &Path,
     socket: &str,
 ) -> api::device_plugin_client::DevicePluginClient<tonic::transport::Channel> {
-    let channel = kudos_device_plugin::runtime::connect_unix(&dir.join(socket))
+    let channel = kudos_proto::unix::connect(&dir.join(socket))
         .await
         .expect("connect plugin");
     api::device_plugin_client::DevicePluginClient::new(channel)

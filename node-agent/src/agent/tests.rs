@@ -65,8 +65,7 @@ async fn scenario(
     let sampler = Sampler::new(backend, Duration::from_secs(1))
         .await
         .expect("sampler");
-    let pr = PodResources::new(&sock, vec!["kudos.dev/gpu".into()], Duration::from_secs(1))
-        .expect("client");
+    let pr = PodResources::new(&sock, vec!["kudos.dev/gpu".into()], Duration::from_secs(1));
     let meta = PodMetaStore::default();
     let status = |first_start_ms, finished_ms| train_meta(first_start_ms, finished_ms, false);
     meta.apply("ml", "train", status(None, None));
@@ -306,8 +305,7 @@ async fn kubelet_restart_mid_run(with_meta: bool) {
     let sampler = Sampler::new(gpus, Duration::from_secs(1))
         .await
         .expect("sampler");
-    let pr = PodResources::new(&sock, vec!["kudos.dev/gpu".into()], Duration::from_secs(1))
-        .expect("client");
+    let pr = PodResources::new(&sock, vec!["kudos.dev/gpu".into()], Duration::from_secs(1));
     let store = PodMetaStore::default();
     let status = |first_start_ms, finished_ms: Option<i64>| {
         train_meta(first_start_ms, finished_ms, finished_ms.is_some())

@@ -5,6 +5,7 @@ use kudos_proto::podresources::v1::{
     PodResources as PodRes,
     pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer},
 };
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use tonic::{Request, Response, Status};
 
@@ -145,7 +146,7 @@ async fn lists_gpu_containers_over_a_unix_socket() {
         "nvidia.com/gpu".into(),
         "amd.com/gpu".into(),
     ];
-    let pr = PodResources::new(&sock, names, Duration::from_secs(2)).expect("client");
+    let pr = PodResources::new(&sock, names, Duration::from_secs(2));
     let got = pr.list().await.expect("list");
     assert_eq!(got.len(), 2, "{got:?}");
     assert_eq!(got[0].pod, "legacy");
@@ -165,8 +166,7 @@ async fn missing_kubelet_is_an_error_not_a_hang() {
         &dir.path().join("nope.sock"),
         vec!["kudos.dev/gpu".into()],
         Duration::from_millis(500),
-    )
-    .expect("client");
+    );
     assert!(pr.list().await.is_err());
 }
 
@@ -216,8 +216,7 @@ async fn dra_claims_of_the_kudos_driver_are_attributed_by_device_id() {
         dra_pod("ml", "nic", &[("net.example.com", "eth1")]),
     ];
     serve(kubelet.clone(), &sock);
-    let pr = PodResources::new(&sock, vec!["kudos.dev/gpu".into()], Duration::from_secs(2))
-        .expect("client");
+    let pr = PodResources::new(&sock, vec!["kudos.dev/gpu".into()], Duration::from_secs(2));
     let mut got = pr.list().await.expect("list");
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(got[0].pod, "train");

@@ -179,11 +179,9 @@ async fn holder(leases: &Api<Lease>) -> String {
 async fn the_follower_answers_from_the_shared_state_and_takes_over_with_every_acknowledged_report()
 -> anyhow::Result<()> {
     let opts = ControlPlaneOptions::default();
-    let bins = opts.bins();
-    let Some(run) = RunDir::for_test("orchestrator-failover", &bins)? else {
+    let Some((run, cp)) = ControlPlane::for_test("orchestrator-failover", opts, &[]).await? else {
         return Ok(());
     };
-    let cp = ControlPlane::start(&run, opts).await?;
     let config = run.path().join("orchestrator.yaml");
     // Short timings so the test is quick (the defaults, 10 / 7 / 2 s, with
     // KUDOS_FAILOVER_DEFAULT_TIMINGS=1); the renew deadline still leaves a loaded CI machine

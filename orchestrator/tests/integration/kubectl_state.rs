@@ -12,7 +12,7 @@ use kudos_proto::kudos::v1 as pb;
 use kudos_testkit::nodes::{NodeShape, create_nodes};
 use kudos_testkit::orchestrator::{Orchestrator, OrchestratorOptions, node_token};
 use kudos_testkit::proc::{tail, wait_for};
-use kudos_testkit::{ControlPlane, ControlPlaneOptions, RunDir};
+use kudos_testkit::{ControlPlane, ControlPlaneOptions};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -84,11 +84,11 @@ fn plugin_of(node: &str, model: &str) -> pb::ReportPluginRequest {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_get_shows_nodes_and_what_each_class_learned() -> anyhow::Result<()> {
     let opts = ControlPlaneOptions::default();
-    let bins = [opts.bins(), vec![helm()]].concat();
-    let Some(run) = RunDir::for_test("orchestrator-kubectl-state", &bins)? else {
+    let Some((run, cp)) =
+        ControlPlane::for_test("orchestrator-kubectl-state", opts, &[helm()]).await?
+    else {
         return Ok(());
     };
-    let cp = ControlPlane::start(&run, opts).await?;
     let crd_api: Api<CustomResourceDefinition> = Api::all(cp.client.clone());
     for crd in chart_crds()? {
         crd_api.create(&PostParams::default(), &crd).await?;

@@ -58,13 +58,13 @@ fn metric(text: &str, sample: &str) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugin_report_leads_to_derived_image_and_applied_daemonset() -> anyhow::Result<()> {
     let opts = ControlPlaneOptions::default();
-    let bins = [opts.bins(), registry::bins()].concat();
-    let Some(run) = RunDir::for_test("orchestrator-rollout", &bins)? else {
+    let Some((run, cp)) =
+        ControlPlane::for_test("orchestrator-rollout", opts, &registry::bins()).await?
+    else {
         return Ok(());
     };
     let reg = Registry::start(run.path(), free_port()).await?;
     let registry = reg.addr.clone();
-    let cp = ControlPlane::start(&run, opts).await?;
     let client = cp.client.clone();
     let base = reg.push_plugin_base().await?;
     let namespaces: Api<Namespace> = Api::all(client.clone());

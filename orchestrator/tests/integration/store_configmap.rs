@@ -10,7 +10,7 @@ use kube::api::{ListParams, PostParams};
 use kudos_orchestrator::state::{PluginConfig, RunOutcome, StoredRun, VendorEntry};
 use kudos_orchestrator::store::{Appended, Store};
 use kudos_orchestrator::store_k8s::{ConfigMapStore, OBJECT_BYTES};
-use kudos_testkit::{ControlPlane, ControlPlaneOptions, RunDir};
+use kudos_testkit::{ControlPlane, ControlPlaneOptions};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -70,10 +70,11 @@ async fn objects(api: &Api<ConfigMap>, part: &str) -> anyhow::Result<Vec<ConfigM
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn configmap_store_converts_dedups_shards_and_serves_two_replicas() -> anyhow::Result<()> {
     let opts = ControlPlaneOptions::default();
-    let Some(run_dir) = RunDir::for_test("orchestrator-store-configmap", &opts.bins())? else {
+    let Some((run_dir, cp)) =
+        ControlPlane::for_test("orchestrator-store-configmap", opts, &[]).await?
+    else {
         return Ok(());
     };
-    let cp = ControlPlane::start(&run_dir, opts).await?;
     let api: Api<ConfigMap> = Api::namespaced(cp.client.clone(), NS);
 
     // State in the first format: one ConfigMap holding everything.
@@ -274,10 +275,11 @@ async fn a_hundred_thousand_reports_leave_etcd_flat() -> anyhow::Result<()> {
         apiserver_args: vec!["--etcd-compaction-interval=10s".into()],
         ..Default::default()
     };
-    let Some(run_dir) = RunDir::for_test("orchestrator-store-etcd-flat", &opts.bins())? else {
+    let Some((run_dir, cp)) =
+        ControlPlane::for_test("orchestrator-store-etcd-flat", opts, &[]).await?
+    else {
         return Ok(());
     };
-    let cp = ControlPlane::start(&run_dir, opts).await?;
     let store = ConfigMapStore::new(cp.client.clone(), NS, NAME).with_snapshot_budget(u64::MAX);
     store.load().await?;
     let names: Vec<String> = (0..50).map(|i| format!("gpu-node-{i}")).collect();

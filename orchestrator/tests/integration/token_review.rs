@@ -10,7 +10,7 @@ use kube::api::{Api, PostParams};
 use kudos_proto::kudos::v1 as pb;
 use kudos_testkit::nodes::{NodeShape, create_nodes};
 use kudos_testkit::orchestrator::{Orchestrator, OrchestratorOptions};
-use kudos_testkit::{ControlPlane, ControlPlaneOptions, RunDir};
+use kudos_testkit::{ControlPlane, ControlPlaneOptions};
 use pb::registry_service_client::RegistryServiceClient;
 use pb::telemetry_service_client::TelemetryServiceClient;
 use serde_json::json;
@@ -59,10 +59,10 @@ async fn pod_bound_token(client: &kube::Client) -> anyhow::Result<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_review_binds_callers_to_their_node() -> anyhow::Result<()> {
     let opts = ControlPlaneOptions::default();
-    let Some(run) = RunDir::for_test("orchestrator-token-review", &opts.bins())? else {
+    let Some((run, cp)) = ControlPlane::for_test("orchestrator-token-review", opts, &[]).await?
+    else {
         return Ok(());
     };
-    let cp = ControlPlane::start(&run, opts).await?;
     let token = pod_bound_token(&cp.client).await?;
     let orch = Orchestrator::start_with(
         run.path(),

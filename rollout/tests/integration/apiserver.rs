@@ -14,7 +14,7 @@ use kudos_rollout::{
     CredentialSource, DerivedImage, PluginConfig, RolloutMetrics, RolloutSettings, apply,
 };
 use kudos_rollout::{DeviceRecord, VendorEntry};
-use kudos_testkit::{ControlPlane, ControlPlaneOptions, RunDir};
+use kudos_testkit::{ControlPlane, ControlPlaneOptions};
 use oci_client::secrets::RegistryAuth;
 
 use crate::util::Recorder;
@@ -72,10 +72,9 @@ fn view() -> PluginConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_side_apply_is_accepted_idempotent_and_prunes() -> anyhow::Result<()> {
     let opts = ControlPlaneOptions::default();
-    let Some(run) = RunDir::for_test("rollout-apiserver", &opts.bins())? else {
+    let Some((run, cp)) = ControlPlane::for_test("rollout-apiserver", opts, &[]).await? else {
         return Ok(());
     };
-    let cp = ControlPlane::start(&run, opts).await?;
     let client = cp.client.clone();
     let settings = RolloutSettings::default();
     let namespaces: Api<Namespace> = Api::all(client.clone());
@@ -227,10 +226,9 @@ async fn server_side_apply_is_accepted_idempotent_and_prunes() -> anyhow::Result
 async fn group_pods_copy_the_bootstrap_and_nodes_are_handed_over_by_label() -> anyhow::Result<()> {
     use k8s_openapi::api::core::v1::Node;
     let opts = ControlPlaneOptions::default();
-    let Some(run) = RunDir::for_test("rollout-handover", &opts.bins())? else {
+    let Some((run, cp)) = ControlPlane::for_test("rollout-handover", opts, &[]).await? else {
         return Ok(());
     };
-    let cp = ControlPlane::start(&run, opts).await?;
     let client = cp.client.clone();
     let settings = RolloutSettings {
         pod_template_from: Some("kudos-device-plugin-bootstrap".into()),
