@@ -36,18 +36,25 @@ pub enum BindError {
     },
 }
 
+/// One pod to bind: five strings, named so that none can take another's place.
+#[derive(Clone, Copy, Debug)]
+pub struct PodBinding<'a> {
+    /// The pod's namespace.
+    pub namespace: &'a str,
+    /// The pod's name.
+    pub name: &'a str,
+    /// The pod's UID, empty when unknown (the API server then does not check it).
+    pub uid: &'a str,
+    /// The node to bind to.
+    pub node: &'a str,
+    /// The placement's explanation, the pod's [`kudos_api::labels::PLACEMENT`] annotation.
+    pub explanation: &'a str,
+}
+
 /// Creates bindings.
 pub trait Binder: Send + Sync + 'static {
-    /// Binds `namespace/name` (UID `uid`, empty when unknown) to `node`, with `explanation`
-    /// as the pod's [`kudos_api::labels::PLACEMENT`] annotation.
-    fn bind<'a>(
-        &'a self,
-        namespace: &'a str,
-        name: &'a str,
-        uid: &'a str,
-        node: &'a str,
-        explanation: &'a str,
-    ) -> BoxFuture<'a, Result<(), BindError>>;
+    /// Binds the pod to its node.
+    fn bind<'a>(&'a self, pod: PodBinding<'a>) -> BoxFuture<'a, Result<(), BindError>>;
 }
 
 /// Binds through the API server.
@@ -63,14 +70,14 @@ impl KubeBinder {
 }
 
 impl Binder for KubeBinder {
-    fn bind<'a>(
-        &'a self,
-        namespace: &'a str,
-        name: &'a str,
-        uid: &'a str,
-        node: &'a str,
-        explanation: &'a str,
-    ) -> BoxFuture<'a, Result<(), BindError>> {
+    fn bind<'a>(&'a self, pod: PodBinding<'a>) -> BoxFuture<'a, Result<(), BindError>> {
+        let PodBinding {
+            namespace,
+            name,
+            uid,
+            node,
+            explanation,
+        } = pod;
         Box::pin(async move {
             let api: kube::Api<Pod> = kube::Api::namespaced(self.client.clone(), namespace);
             let placement = kudos_api::labels::PLACEMENT.to_owned();
@@ -122,14 +129,8 @@ impl Binder for KubeBinder {
 pub struct LocalBinder;
 
 impl Binder for LocalBinder {
-    fn bind<'a>(
-        &'a self,
-        namespace: &'a str,
-        name: &'a str,
-        _uid: &'a str,
-        node: &'a str,
-        _explanation: &'a str,
-    ) -> BoxFuture<'a, Result<(), BindError>> {
+    fn bind<'a>(&'a self, pod: PodBinding<'a>) -> BoxFuture<'a, Result<(), BindError>> {
+        let (namespace, name, node) = (pod.namespace, pod.name, pod.node);
         tracing::info!(pod = %format!("{namespace}/{name}"), node, "standalone mode: bind recorded locally, no API server to bind with");
         Box::pin(std::future::ready(Ok(())))
     }
@@ -161,22 +162,29 @@ mod tests {
         .0
     }
 
+    fn pod_p(node: &str) -> PodBinding<'_> {
+        PodBinding {
+            namespace: "ns",
+            name: "p",
+            uid: "u",
+            node,
+            explanation: "why",
+        }
+    }
+
     #[tokio::test]
     async fn bind_creates_binding() {
-        KubeBinder::new(api(None))
-            .bind("ns", "p", "u", "n1", "why")
-            .await
-            .unwrap();
+        KubeBinder::new(api(None)).bind(pod_p("n1")).await.unwrap();
     }
 
     #[tokio::test]
     async fn bind_is_idempotent() {
         KubeBinder::new(api(Some("n1")))
-            .bind("ns", "p", "u", "n1", "why")
+            .bind(pod_p("n1"))
             .await
             .unwrap();
         let e = KubeBinder::new(api(Some("n2")))
-            .bind("ns", "p", "u", "n1", "why")
+            .bind(pod_p("n1"))
             .await
             .unwrap_err();
         assert!(

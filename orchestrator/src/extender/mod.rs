@@ -758,7 +758,13 @@ impl Extender {
         let explanation = crate::events::note(&ns, &name, &explained);
         match self
             .binder
-            .bind(&ns, &name, &uid, &node, &explanation)
+            .bind(bind::PodBinding {
+                namespace: &ns,
+                name: &name,
+                uid: &uid,
+                node: &node,
+                explanation: &explanation,
+            })
             .await
         {
             Ok(()) => {
