@@ -6,7 +6,9 @@
 //!
 //! `cargo bench -p kudos-device-plugin --bench plugin [-- --allocations N --restarts N]`
 
-#[path = "../tests/support/mod.rs"]
+// The integration tests' kubelet stand-in and plugin runner; the bench uses a few of them.
+#[path = "../tests/integration/support/mod.rs"]
+#[allow(dead_code)]
 mod support;
 
 use kudos_nvml::fake::FakeNvml;

@@ -1,7 +1,7 @@
 //! gRPC ingestion against an in-process server on loopback: the registry's rewrite and
 //! generation, acknowledgement only after persistence, de-duplication, and auth refusals.
 
-mod common;
+use crate::common;
 
 use common::*;
 use futures::future::BoxFuture;

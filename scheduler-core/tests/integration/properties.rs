@@ -8,7 +8,7 @@ use kudos_scheduler_core::{
 };
 use proptest::prelude::*;
 
-mod common;
+use crate::common;
 use common::completed_run;
 
 const MODELS: &[&str] = &["K80", "P100", "V100", "A100", "G1", "T4"];

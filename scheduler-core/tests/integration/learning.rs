@@ -13,7 +13,7 @@
 //!
 //! Skips (with a message) when the data set is missing.
 
-mod common;
+use crate::common;
 
 use kudos_scheduler_core::{
     DeviceProfile, PredictionSource, RunObservation, Scheduler, SchedulerConfig,

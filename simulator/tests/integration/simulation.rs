@@ -1,7 +1,7 @@
 //! End-to-end checks of the simulator itself: invariants every policy must keep, and the
 //! comparisons the benchmark's conclusions rest on.
 
-mod common;
+use crate::common;
 
 use common::{args, settings};
 use kudos_sim::cli::Settings;

@@ -1,7 +1,7 @@
 //! Kubelet conformance: the plugin with NVIDIA devices from the fake NVML (real nvml-wrapper
 //! loading path), driven by a kubelet stand-in over Unix sockets.
 
-mod support;
+use crate::support;
 
 use kudos_nvml::fake::{FakeLink, FakeNvml, NVML_ERROR_UNKNOWN};
 use kudos_proto::deviceplugin::v1beta1 as api;

@@ -1,5 +1,4 @@
 //! Shared by the simulator's integration tests.
-#![allow(dead_code)]
 
 use clap::Parser;
 use kudos_sim::cli::{Args, Settings};

@@ -2,7 +2,7 @@
 //! heatmap cell per (class, GPU model), the latest placements are listed, and names from users
 //! (a GPU model here) cannot inject markup.
 
-mod common;
+use crate::common;
 
 use axum::http::StatusCode;
 use common::*;

@@ -3,7 +3,7 @@
 //! (K80/P100/V100, measured) and the spec-modelled one (T4/A10/A100/H100/L40S, where two
 //! families are fastest on the L40S, which the prior rates below the H100).
 
-mod common;
+use crate::common;
 
 use common::{jct, settings};
 use kudos_sim::cli::Settings;

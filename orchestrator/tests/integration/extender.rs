@@ -4,10 +4,10 @@
 //!
 //! Golden responses use two wildcards where values depend on time or on scheduler-core's
 //! wording: `"~"` matches any value, `"~text"` any string containing `text` (case-insensitive).
-//! Regenerate with `KUDOS_UPDATE_GOLDEN=1 cargo test -p kudos-orchestrator --test extender`
+//! Regenerate with `KUDOS_UPDATE_GOLDEN=1 cargo test -p kudos-orchestrator --test integration extender::`
 //! and review the diff (wildcards must then be restored by hand).
 
-mod common;
+use crate::common;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};

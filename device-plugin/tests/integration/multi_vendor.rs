@@ -2,7 +2,7 @@
 //! under one name; `Allocate` dispatches by device-ID prefix. Also checks `/metrics` with
 //! promtool.
 
-mod support;
+use crate::support;
 
 use kudos_device_plugin::backend::DeviceBackend;
 use kudos_device_plugin::backend::amd::AmdBackend;

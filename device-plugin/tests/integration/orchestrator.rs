@@ -1,7 +1,7 @@
 //! The unified name: from the orchestrator (stubbed `RegistryService`), else cached, else the
 //! default; a node never loses its GPUs because the control plane is down.
 
-mod support;
+use crate::support;
 
 use kudos_nvml::fake::FakeNvml;
 use std::time::Duration;

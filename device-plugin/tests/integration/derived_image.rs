@@ -1,7 +1,7 @@
 //! The plugin reads what the rollout writes: the per-vendor configuration files and the env of
 //! a derived image, produced by `kudos-rollout`'s own functions, drive the real plugin binary.
 
-mod support;
+use crate::support;
 
 use kudos_api::{DeviceRecord, PluginConfig, VendorEntry, env};
 use kudos_nvml::fake::FakeNvml;

@@ -1,6 +1,5 @@
 //! Test doubles: a kubelet stand-in (registration server + device-plugin client, behaving like
 //! the kubelet's device manager), an orchestrator `RegistryService` stub, and plugin start-up.
-#![allow(dead_code)]
 
 use clap::Parser;
 use kudos_device_plugin::cli::{Args, Settings};

@@ -4,7 +4,7 @@
 //! registration each, no fight. Against the kubelet stand-in, and against the kubelet's real
 //! device manager (kubelet-dm) where it is built.
 
-mod support;
+use crate::support;
 
 use kudos_device_plugin::runtime::FileId;
 use kudos_nvml::fake::FakeNvml;

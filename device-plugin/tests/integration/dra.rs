@@ -8,7 +8,7 @@
 //! and the plugin prepares that claim. Skips with a message when the binaries are missing;
 //! `KUDOS_E2E_REQUIRE=1` turns the skip into a failure.
 
-mod support;
+use crate::support;
 
 use k8s_openapi::api::resource::v1 as res;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};

@@ -4,7 +4,7 @@
 //! follower that cannot follow the state store is not ready, so kube-scheduler calls another
 //! replica.
 
-mod common;
+use crate::common;
 
 use axum::http::StatusCode;
 use common::*;

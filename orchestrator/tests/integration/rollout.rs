@@ -2,7 +2,7 @@
 //! semantics, no re-derivation), monitor output in `GET /state` and `/metrics`, and the
 //! extender's filter rejecting nodes the monitor excludes.
 
-mod common;
+use crate::common;
 
 use axum::body::Body;
 use axum::http::Request;

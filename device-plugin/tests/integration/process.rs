@@ -1,7 +1,7 @@
 //! The binary as a process: how it refuses bad settings (exit code 2, a clear message, never a
 //! panic) and how fast it exits on SIGTERM while the kubelet does not answer.
 
-mod support;
+use crate::support;
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};

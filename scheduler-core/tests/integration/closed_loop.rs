@@ -8,7 +8,7 @@
 //! Class = job type (model and batch size) at scale factor 1; GPU types are the consolidated
 //! `<gpu>_steps_per_s` columns, parsed generically. Reads `$KUDOS_DATA_DIR` or the embedded copy.
 
-mod common;
+use crate::common;
 
 use kudos_scheduler_core::{
     DeviceProfile, Exploration, NodeHealth, NodeState, PodSpec, Scheduler, SchedulerConfig,

@@ -1,7 +1,7 @@
 //! Gang reservations through the router: the first member reserves slots for the gang, each
 //! member is steered to a slot of its own, and bind honours the reservation.
 
-mod common;
+use crate::common;
 
 use common::*;
 

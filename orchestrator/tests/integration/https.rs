@@ -5,7 +5,7 @@
 //! gates that need no TLS: `bind` refuses pods Kudos did not rank, and the read endpoints
 //! want a token their authorizer allows.
 
-mod common;
+use crate::common;
 
 use axum::http::StatusCode;
 use common::*;

@@ -1,7 +1,7 @@
 //! The HTTP side of the probe list of issue 14: each input that used to abort the process, blow
 //! up its memory or stall kube-scheduler's calls, answered with a clear error instead.
 
-mod common;
+use crate::common;
 
 use axum::http::StatusCode;
 use common::*;

@@ -1,7 +1,7 @@
 //! Learning under change: mid-run events (a node slows down, a new GPU type joins) and learned
 //! state carried from one run to the next.
 
-mod common;
+use crate::common;
 
 use common::settings;
 use kudos_sim::sim::JobRecord;

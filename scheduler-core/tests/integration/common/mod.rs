@@ -1,7 +1,5 @@
 //! Shared by the integration tests: Gavel's throughput table and the run reports they feed
 //! the scheduler.
-// Each test binary uses its own part.
-#![allow(dead_code)]
 
 use kudos_scheduler_core::{NodeState, RunObservation};
 use std::path::PathBuf;
@@ -33,6 +31,6 @@ pub fn gavel_table() -> String {
         PathBuf::from,
     );
     std::fs::read_to_string(dir.join("gavel/isolated_throughputs.csv")).unwrap_or_else(|_| {
-        include_str!("../../../simulator/data/isolated_throughputs.csv").to_owned()
+        include_str!("../../../../simulator/data/isolated_throughputs.csv").to_owned()
     })
 }
