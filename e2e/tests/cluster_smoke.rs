@@ -4,9 +4,8 @@
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, PostParams};
 use kudos_e2e::nodes::{create_nodes, uniform_shapes};
-use kudos_e2e::paths::upstream_bin;
 use kudos_e2e::pods::{bound_node, unschedulable};
-use kudos_e2e::{ControlPlane, ControlPlaneOptions, RunDir, require_bins};
+use kudos_e2e::{ControlPlane, ControlPlaneOptions};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -26,26 +25,14 @@ fn pod(name: &str, gpus: Option<u32>) -> Pod {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_smoke_pods_are_bound_by_real_scheduler() -> anyhow::Result<()> {
-    if !require_bins(
-        "cluster_smoke",
-        &[
-            upstream_bin("etcd"),
-            upstream_bin("kube-apiserver"),
-            upstream_bin("kube-scheduler"),
-        ],
-    ) {
-        return Ok(());
-    }
-    let run = RunDir::new("smoke")?;
     let t0 = Instant::now();
-    let mut cp = ControlPlane::start(
-        &run,
-        ControlPlaneOptions {
-            scheduler: true,
-            ..Default::default()
-        },
-    )
-    .await?;
+    let opts = ControlPlaneOptions {
+        scheduler: true,
+        ..Default::default()
+    };
+    let Some((run, mut cp)) = ControlPlane::for_test("cluster_smoke", opts, &[]).await? else {
+        return Ok(());
+    };
     eprintln!("control plane ready in {:?}", t0.elapsed());
 
     // Two CPU-only-ish nodes (0 GPUs) and one with 4 GPUs.
