@@ -16,7 +16,7 @@ use kudos_api::dra::{DRIVER, UNHEALTHY_TAINT_KEY, attribute, device_name};
 use kudos_nvml::fake::FakeNvml;
 use kudos_proto::dra::v1 as dra;
 use kudos_proto::pluginregistration::v1 as reg;
-use kudos_proto::unix::connect as connect_unix;
+use kudos_proto::unix;
 use kudos_testkit::paths::upstream_bin;
 use kudos_testkit::proc::wait_for;
 use kudos_testkit::{ControlPlane, ControlPlaneOptions};
@@ -94,7 +94,7 @@ async fn dra_client(
     socket: &Path,
 ) -> anyhow::Result<dra::dra_plugin_client::DraPluginClient<tonic::transport::Channel>> {
     let channel = wait_for("the DRA socket", WAIT, POLL, async || {
-        connect_unix(socket).await.ok()
+        unix::connect(socket).await.ok()
     })
     .await?;
     Ok(dra::dra_plugin_client::DraPluginClient::new(channel))
@@ -198,7 +198,7 @@ async fn dra_mode_publishes_prepares_and_keeps_claims_across_a_restart() -> anyh
     let reg_socket = tmp.path().join("registry/gpu.kudos.dev-reg.sock");
     let dra_socket = tmp.path().join("plugins/gpu.kudos.dev/dra.sock");
     let channel = wait_for("the registration socket", WAIT, POLL, async || {
-        connect_unix(&reg_socket).await.ok()
+        unix::connect(&reg_socket).await.ok()
     })
     .await?;
     let mut registration = reg::registration_client::RegistrationClient::new(channel);
