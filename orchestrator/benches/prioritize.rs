@@ -1,8 +1,10 @@
 //! `/prioritize` latency and throughput through the real HTTP stack (TCP, hyper, axum, JSON,
 //! index, scheduler-core `rank`), with 1,000 and 5,000 `NodeNames`, as kube-scheduler calls
 //! it: one call at a time on a keep-alive connection, then from two connections at once (what
-//! two cores serve). Also times `rank` alone, to show where the time goes. Prints p50/p99 and
-//! calls/s; the goal is p99 <= 1 ms and >= 5,000 calls/s.
+//! two cores serve). Also times `rank` alone, to show where the time goes, and the floor: the
+//! same call for a pod without devices, answered without ranking (what any extender pays here
+//! to read the names and answer a score for each). Prints p50/p99 and calls/s; the goal is
+//! p99 <= 1 ms and >= 5,000 calls/s.
 //!
 //! Then the same prioritize loop while run reports arrive at 100/s over many classes, twice:
 //! through the shipped learner (refit on a copy, pointer swap) and the old way (every report
@@ -16,7 +18,7 @@ mod common;
 mod fixture;
 
 use common::mk_extender;
-use fixture::{body, index};
+use fixture::{body, body_without_devices, index};
 use kudos_orchestrator::extender::types::ExtenderArgs;
 use kudos_orchestrator::fasthash::FastMap;
 use kudos_orchestrator::http::{HttpLimits, HttpState, router};
@@ -60,6 +62,67 @@ fn call_any(conn: &mut BufReader<std::net::TcpStream>, req: &[u8]) -> Vec<u8> {
     buf
 }
 
+/// A prioritize request with `body`.
+fn http_request(body: &[u8]) -> Vec<u8> {
+    let mut req = format!(
+        "POST /kudos/v1/prioritize HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(body);
+    req
+}
+
+fn connect(addr: std::net::SocketAddr) -> BufReader<std::net::TcpStream> {
+    let stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_nodelay(true).unwrap();
+    BufReader::new(stream)
+}
+
+/// `calls` calls one at a time after a tenth as many to warm up: sorted latencies, calls/s and
+/// the answer's length.
+fn one_at_a_time(
+    conn: &mut BufReader<std::net::TcpStream>,
+    req: &[u8],
+    calls: usize,
+) -> (Vec<Duration>, f64, usize) {
+    let mut resp_len = 0;
+    for _ in 0..calls / 10 {
+        resp_len = call(conn, req);
+    }
+    let mut lat = Vec::with_capacity(calls);
+    let t0 = Instant::now();
+    for _ in 0..calls {
+        let t = Instant::now();
+        call(conn, req);
+        lat.push(t.elapsed());
+    }
+    let rate = calls as f64 / t0.elapsed().as_secs_f64();
+    lat.sort();
+    (lat, rate, resp_len)
+}
+
+/// Calls/s for `calls` calls from two connections at once (two schedulers, or replicas sharing
+/// one orchestrator): what two cores serve, client threads included.
+fn two_connections(addr: std::net::SocketAddr, req: &[u8], calls: usize) -> f64 {
+    let both = Instant::now();
+    let done: usize = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                scope.spawn(move || {
+                    let mut conn = connect(addr);
+                    for _ in 0..calls / 2 {
+                        call(&mut conn, req);
+                    }
+                    calls / 2
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).sum()
+    });
+    done as f64 / both.elapsed().as_secs_f64()
+}
+
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
@@ -84,6 +147,7 @@ fn main() {
     );
     let mut pairs = Vec::new();
     let mut concurrent = Vec::new();
+    let mut floors = Vec::new();
     let mut ingest_rows = Vec::new();
     for n in counts {
         let index = index(n);
@@ -122,50 +186,22 @@ fn main() {
         }
         parse_lat.sort();
         handler_lat.sort();
-        let mut req = format!(
-            "POST /kudos/v1/prioritize HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            payload.len()
-        )
-        .into_bytes();
-        req.extend_from_slice(&payload);
-        let stream = std::net::TcpStream::connect(addr).unwrap();
-        stream.set_nodelay(true).unwrap();
-        let mut conn = BufReader::new(stream);
+        let req = http_request(&payload);
+        let mut conn = connect(addr);
         let calls = if n <= 1000 { 3000 } else { 800 };
-        let mut resp_len = 0;
-        for _ in 0..calls / 10 {
-            resp_len = call(&mut conn, &req);
-        }
-        let mut lat = Vec::with_capacity(calls);
-        let t0 = Instant::now();
-        for _ in 0..calls {
-            let t = Instant::now();
-            call(&mut conn, &req);
-            lat.push(t.elapsed());
-        }
-        let total = t0.elapsed();
-        lat.sort();
-        // The same calls from two connections at once (two schedulers, or replicas sharing
-        // one orchestrator): what two cores serve, client threads included.
-        let both = Instant::now();
-        let parallel: usize = std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..2)
-                .map(|_| {
-                    let req = &req;
-                    scope.spawn(move || {
-                        let stream = std::net::TcpStream::connect(addr).unwrap();
-                        stream.set_nodelay(true).unwrap();
-                        let mut conn = BufReader::new(stream);
-                        for _ in 0..calls / 2 {
-                            call(&mut conn, req);
-                        }
-                        calls / 2
-                    })
-                })
-                .collect();
-            workers.into_iter().map(|w| w.join().unwrap()).sum()
-        });
-        concurrent.push((n, parallel as f64 / both.elapsed().as_secs_f64()));
+        let (lat, calls_per_s, resp_len) = one_at_a_time(&mut conn, &req, calls);
+        // The floor: the same names for a pod without devices, which the extender answers
+        // without ranking. No extender answering a score per node over this HTTP stack and
+        // JSON does better, so it bounds what ranking can reach.
+        let floor_req = http_request(&body_without_devices(n));
+        let (floor_lat, floor_rate, _) = one_at_a_time(&mut conn, &floor_req, calls);
+        floors.push((
+            n,
+            floor_lat,
+            floor_rate,
+            two_connections(addr, &floor_req, calls),
+        ));
+        concurrent.push((n, two_connections(addr, &req, calls)));
         // kube-scheduler's real sequence: filter, then prioritize on the nodes that passed
         // (all of them here), which reuses the filter's ranking.
         let mut freq = req.clone();
@@ -255,7 +291,7 @@ fn main() {
             pct(&lat, 0.5).as_micros(),
             pct(&lat, 0.99).as_micros(),
             lat.last().unwrap().as_micros(),
-            calls as f64 / total.as_secs_f64(),
+            calls_per_s,
             pct(&parse_lat, 0.5).as_micros(),
             pct(&handler_lat, 0.5).as_micros(),
             states_p50.as_micros(),
@@ -267,6 +303,17 @@ fn main() {
     println!("nodes  calls_per_s");
     for (n, rate) in concurrent {
         println!("{n:>5}  {rate:>11.0}");
+    }
+    println!(
+        "\nthe floor: prioritize for a pod without devices (HTTP, NodeNames parsed, every node answered 0, nothing ranked)"
+    );
+    println!("nodes  p50_us  p99_us  calls_per_s  two_connections_calls_per_s");
+    for (n, lat, rate, both) in floors {
+        println!(
+            "{n:>5}  {:>6}  {:>6}  {rate:>11.0}  {both:>27.0}",
+            pct(&lat, 0.5).as_micros(),
+            pct(&lat, 0.99).as_micros(),
+        );
     }
     println!("\nfilter then prioritize (prioritize reuses the filter ranking)");
     println!(
