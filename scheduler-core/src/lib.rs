@@ -59,6 +59,8 @@ pub use types::{
     RunObservation, Timestamp,
 };
 
+use std::borrow::Borrow;
+
 use serde::{Deserialize, Serialize};
 
 /// The scheduler: a validated configuration and the learned model state.
@@ -104,7 +106,18 @@ impl Scheduler {
     /// §2.2 steps 1-5: the recommended queue for `pod` over `nodes`, best first. Deterministic for a
     /// given seed and independent of the order of `nodes`. Unfit nodes (no room, class forbids
     /// their devices, too little device memory, unhealthy, stale) go to `rejected` with a reason.
-    pub fn rank(&self, pod: &PodSpec, nodes: &[NodeState], now: Timestamp, seed: u64) -> Ranking {
+    /// `nodes` may be the states themselves or anything that borrows them (a caller that keeps
+    /// them need not copy them into a call).
+    // Never inlined: `scripts/bench-gate` counts the instructions inside this function, which,
+    // being generic, would otherwise be inlined into its callers.
+    #[inline(never)]
+    pub fn rank(
+        &self,
+        pod: &PodSpec,
+        nodes: &[impl Borrow<NodeState>],
+        now: Timestamp,
+        seed: u64,
+    ) -> Ranking {
         rank::rank(&self.config, &self.state, pod, nodes, now, seed)
     }
 
@@ -113,7 +126,7 @@ impl Scheduler {
     pub fn place_gang(
         &self,
         pod: &PodSpec,
-        nodes: &[NodeState],
+        nodes: &[impl Borrow<NodeState>],
         now: Timestamp,
         seed: u64,
     ) -> Result<GangPlacement, PlaceError> {

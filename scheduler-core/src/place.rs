@@ -9,6 +9,7 @@
 //! optimal for a min-max objective. The placement carries an expiry (`now + TTL`): the caller
 //! reserves the slots so the gang's later pods are steered there, and releases them when it lapses.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
 
 use thiserror::Error;
@@ -69,7 +70,7 @@ fn take(slots: &[&Slot<'_>], k: u32) -> Option<Choice> {
 /// Places `pod`'s gang (size 1 without a gang) from a ranking of the same nodes.
 pub fn place(
     ranking: &Ranking,
-    nodes: &[NodeState],
+    nodes: &[impl Borrow<NodeState>],
     pod: &PodSpec,
     tolerance: f64,
     ttl: f64,
@@ -79,7 +80,11 @@ pub fn place(
     if k == 0 {
         return Err(PlaceError::EmptyGang);
     }
-    let by_name: HashMap<&str, &NodeState> = nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    let by_name: HashMap<&str, &NodeState> = nodes
+        .iter()
+        .map(Borrow::borrow)
+        .map(|n: &NodeState| (n.name.as_str(), n))
+        .collect();
     let mut all: Vec<Slot<'_>> = ranking
         .entries
         .iter()

@@ -404,10 +404,10 @@ impl Extender {
             &assumed,
             now,
         );
-        // Rank on the published model with the lock released: writers (watches, the learner's
-        // pointer swap) never wait for a ranking.
+        // The states are lent by the index, so the read lock is held until the ranking (and a
+        // gang's placement) is done: a writer waits for at most one ranking (0.4 ms at 5,000
+        // nodes), where copying the states out to let go sooner cost as much as the ranking.
         let model = index.model();
-        drop(index);
         let unknown_nodes_total = unknown.len();
         let ranking = model.rank(&spec, &states, now, seed);
         let entry_of = entries_by_name(&of_name, states.len(), &ranking);
@@ -447,6 +447,8 @@ impl Extender {
                 Err(e) => gang_error = Some(format!("gang {key} cannot be placed now: {e}")),
             }
         }
+        drop(states);
+        drop(index);
         let explained = Arc::new(Explained {
             verb,
             pod_uid: facts.uid.clone(),

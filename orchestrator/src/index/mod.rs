@@ -8,7 +8,9 @@
 //! ```
 //!
 //! Watchers and ingestion (registry, heartbeats) and the learner are the only writers; every
-//! server handler takes a read lock, copies what it needs into `NodeState`s and lets go. No
+//! server handler takes a read lock, reads or copies what it needs and lets go. Each node's
+//! ranking input (`NodeState`) is built once after its facts change and lent to every ranking
+//! until the next change ([`Index::lent`]). No
 //! handler reaches the API server from here, so the extender answers from memory in
 //! microseconds. The lock is a `parking_lot::RwLock`: it cannot be poisoned (see
 //! [`crate::health`] for what watches it instead).
@@ -26,7 +28,7 @@ pub mod slices;
 mod states;
 mod view;
 
-pub use states::{Exclusions, NodeStates};
+pub use states::{Exclusions, NodeRef, NodeStates};
 pub use view::{
     AllocationApiView, ModelSummary, MonitorObservations, PublishedModel, SliceCounts, StateView,
 };
@@ -36,13 +38,13 @@ use crate::fifo::FifoMap;
 use crate::kobj::{NodeInfo, PodFacts, Requests};
 use crate::state::{PluginConfig, ProfileRecord, RunOutcome, StoredRun};
 use kudos_scheduler_core::{
-    DeviceProfile, Feedback, ModelState, Name, NodeHealth, RunObservation, Scheduler,
+    DeviceProfile, Feedback, ModelState, Name, NodeHealth, NodeState, RunObservation, Scheduler,
     SchedulerConfig,
 };
 use parking_lot::RwLock;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// The index behind a lock: writers are the watchers, ingestion and the learner; everyone
 /// else reads.
@@ -90,6 +92,15 @@ pub struct Index {
     slots: u32,
     /// Slots of removed entries, given to the next new ones.
     free_slots: Vec<u32>,
+    /// Per slot, the node's ranking input as its entry's facts give it (`None`: no
+    /// accelerators known), built by the first ranking after a change and lent to every
+    /// ranking until the next: at 5,000 candidates, building and dropping the states was half
+    /// of a ranking call. Kept by slot, in one array, so that a ranking reads them in one
+    /// place rather than inside the entries. Every write to an entry empties its state
+    /// ([`Index::facts_mut`]), as does a change to what states also read outside the entries
+    /// (ResourceSlices, the allocation policy). Heartbeats leave it: staleness is judged per
+    /// call.
+    lent: Vec<OnceLock<Option<NodeState>>>,
     /// Vendor and model names shared by the nodes' profiles (see [`MAX_INTERNED_NAMES`]).
     interned: Vec<Name>,
     pods: FastMap<String, (String, Requests)>,
@@ -217,6 +228,7 @@ impl Index {
             node_objects: 0,
             slots: 0,
             free_slots: Vec::new(),
+            lent: Vec::new(),
             interned: Vec::new(),
             pods: FastMap::default(),
             ended: FifoMap::new(MAX_ENDED_PODS),
@@ -241,17 +253,39 @@ impl Index {
     pub fn apply_slice(&mut self, name: &str, devices: Option<slices::SliceDevices>) {
         self.generation += 1;
         self.slices.apply(name, devices);
+        self.forget_states();
     }
 
     /// Replaces every ResourceSlice (the slice watch's full list).
     pub fn reset_slices(&mut self, all: Vec<(String, slices::SliceDevices)>) {
         self.generation += 1;
         self.slices.reset(all);
+        self.forget_states();
     }
 
     /// Sets the cluster-wide allocation-API policy (`nodes.allocationApi`).
     pub fn set_allocation_policy(&mut self, policy: crate::dra::AllocationPolicy) {
         self.allocation_policy = policy;
+        self.forget_states();
+    }
+
+    /// Empties every node's lent state, after a change that any of them may read.
+    fn forget_states(&mut self) {
+        for state in &mut self.lent {
+            state.take();
+        }
+    }
+
+    /// Empties the lent state of the entry in `slot`.
+    fn forget_state(&mut self, slot: u32) {
+        if let Some(state) = self.lent.get_mut(slot as usize) {
+            state.take();
+        }
+    }
+
+    /// The lent state of the entry in `slot`.
+    fn lent_state(&self, slot: u32) -> Option<&OnceLock<Option<NodeState>>> {
+        self.lent.get(slot as usize)
     }
 
     /// The allocation API `node` uses for the unified resource, and why.
@@ -300,8 +334,10 @@ impl Index {
         self.generation += 1;
         if let Some(facts) = self.nodes.get_mut(name) {
             self.node_objects -= usize::from(facts.take_info());
+            let slot = facts.slot;
             facts.heartbeat = None;
             facts.device_health.clear();
+            self.forget_state(slot);
             self.prune(name);
         }
     }
@@ -311,12 +347,21 @@ impl Index {
         self.nodes.get(name).and_then(|f| f.info.as_ref())
     }
 
-    /// `name`'s entry, created empty with a free slot when it has none (the name is copied
-    /// only then: pod and heartbeat events mostly update an entry that exists).
+    /// `name`'s entry to change, created empty when it has none; its lent state is emptied.
     fn facts_mut(&mut self, name: &str) -> &mut NodeFacts {
+        let slot = self.entry(name).slot;
+        self.forget_state(slot);
+        self.entry(name)
+    }
+
+    /// `name`'s entry, created empty with a free slot when it has none (the name is copied
+    /// only then: pod and heartbeat events mostly update an entry that exists). Its lent state
+    /// stays: only for writes the state does not read.
+    fn entry(&mut self, name: &str) -> &mut NodeFacts {
         if !self.nodes.contains_key(name) {
             let slot = self.free_slots.pop().unwrap_or_else(|| {
                 self.slots += 1;
+                self.lent.push(OnceLock::new());
                 self.slots - 1
             });
             let facts = NodeFacts {
@@ -336,16 +381,20 @@ impl Index {
             && let Some(facts) = self.nodes.remove(name)
         {
             self.free_slots.push(facts.slot);
+            self.forget_state(facts.slot);
         }
     }
 
     /// Drops every entry no source has anything left for.
     fn prune_all(&mut self) {
-        let free = &mut self.free_slots;
+        let (free, lent) = (&mut self.free_slots, &mut self.lent);
         self.nodes.retain(|_, f| {
             let keep = !f.is_empty();
             if !keep {
                 free.push(f.slot);
+                if let Some(state) = lent.get_mut(f.slot as usize) {
+                    state.take();
+                }
             }
             keep
         });
@@ -365,6 +414,7 @@ impl Index {
     /// Replaces all nodes (after a watch restart) and marks nodes synced.
     pub fn reset_nodes(&mut self, nodes: Vec<NodeInfo>) {
         self.generation += 1;
+        self.forget_states();
         for facts in self.nodes.values_mut() {
             facts.take_info();
         }
@@ -410,7 +460,9 @@ impl Index {
     fn remove_pod(&mut self, key: &str) -> Option<Requests> {
         let (node, r) = self.pods.remove(key)?;
         if let Some(facts) = self.nodes.get_mut(node.as_str()) {
+            let slot = facts.slot;
             facts.used.sub(r);
+            self.forget_state(slot);
             self.prune(&node);
         }
         Some(r)
@@ -420,6 +472,7 @@ impl Index {
     pub fn reset_pods(&mut self, pods: &[PodFacts]) {
         self.generation += 1;
         self.pods.clear();
+        self.forget_states();
         for facts in self.nodes.values_mut() {
             facts.used = Requests::default();
         }
@@ -455,6 +508,7 @@ impl Index {
     /// Replaces the plugin configuration (at start, and after the registry persisted a change).
     pub fn set_plugin_config(&mut self, cfg: PluginConfig) {
         self.generation += 1;
+        self.forget_states();
         for facts in self.nodes.values_mut() {
             facts.known = None;
         }
@@ -473,7 +527,8 @@ impl Index {
 
     /// Records a heartbeat.
     pub fn heartbeat(&mut self, node: &str, hb: HeartbeatInfo) {
-        self.facts_mut(node).heartbeat = Some(hb);
+        // The lent state stays: it does not read the heartbeat (staleness is judged per call).
+        self.entry(node).heartbeat = Some(hb);
     }
 
     /// Feeds an accepted, stored run to the model, in `seq` order (at start, before the index

@@ -6,6 +6,11 @@
 //! an unknown or excluded one at none. Each name is looked up once, in the index's one entry per
 //! node. Repeats are found through the slot each entry has, a mark per node in a small vector,
 //! not through a map of the names (only names without an entry go through one).
+//!
+//! A state is lent, not built, wherever the node's own facts decide it: each entry keeps the
+//! state its facts give ([`Index::lent`]), built by the first call after a change. Only a
+//! node that a request sends in full, that has binds in flight, or whose heartbeat went stale
+//! gets a state built for the call.
 
 use super::{
     Index, NodeFacts, UNKNOWN_CPU_MILLI, UNKNOWN_MEMORY_BYTES, UNKNOWN_NODE_REASON, Unknown,
@@ -14,7 +19,9 @@ use super::{
 use crate::fasthash::FastMap;
 use crate::kobj::{NodeInfo, Requests};
 use crate::state::ProfileRecord;
-use kudos_scheduler_core::{Name, NodeState};
+use kudos_scheduler_core::{Name, NodeHealth, NodeState};
+use std::borrow::Borrow;
+use std::ops::Deref;
 
 /// Whether nodes that node monitoring excludes are left out (the extender) or described like
 /// any other (`GET /state`).
@@ -27,11 +34,48 @@ pub enum Exclusions {
     Ignore,
 }
 
-/// The answer of [`Index::node_states`].
+/// A node's ranking input: the one its index entry keeps, or one built for this call.
+#[derive(Debug)]
+pub enum NodeRef<'a> {
+    /// The entry's state, as its facts give it.
+    Lent(&'a NodeState),
+    /// Built for this call: the request sent the Node, binds are in flight, or the heartbeat is
+    /// stale.
+    Built(Box<NodeState>),
+}
+
+impl NodeRef<'_> {
+    /// The state itself, copied if lent.
+    pub fn into_owned(self) -> NodeState {
+        match self {
+            NodeRef::Lent(s) => s.clone(),
+            NodeRef::Built(s) => *s,
+        }
+    }
+}
+
+impl Deref for NodeRef<'_> {
+    type Target = NodeState;
+
+    fn deref(&self) -> &NodeState {
+        match self {
+            NodeRef::Lent(s) => s,
+            NodeRef::Built(s) => s,
+        }
+    }
+}
+
+impl Borrow<NodeState> for NodeRef<'_> {
+    fn borrow(&self) -> &NodeState {
+        self
+    }
+}
+
+/// The answer of [`Index::node_states`], borrowing from the index.
 #[derive(Debug, Default)]
-pub struct NodeStates {
+pub struct NodeStates<'a> {
     /// One per distinct known, not excluded name, in the order first asked.
-    pub states: Vec<NodeState>,
+    pub states: Vec<NodeRef<'a>>,
     /// Names without a state (unknown to Kudos, or excluded), each once, with the reason.
     pub unknown: Vec<Unknown>,
     /// Per name asked, in order: the index of its state in `states`, or `None`.
@@ -49,14 +93,14 @@ impl Index {
     /// are devices/cpu/memory of binds not yet seen by the Pod watch. Nodes Kudos knows
     /// nothing about come back in [`NodeStates::unknown`] with a reason, as do excluded nodes
     /// under [`Exclusions::Apply`].
-    pub fn node_states<'a>(
-        &self,
+    pub fn node_states<'a, 'i>(
+        &'i self,
         names: impl IntoIterator<Item = &'a str>,
         exclusions: Exclusions,
         from_request: &FastMap<String, NodeInfo>,
         assumed: &FastMap<String, Requests>,
         now: f64,
-    ) -> NodeStates {
+    ) -> NodeStates<'i> {
         let names = names.into_iter();
         // At most one row per name: sized for the upper bound (a filtered iterator's lower one is
         // 0), or the buffer of these large rows would regrow a dozen times at 5,000 nodes.
@@ -80,7 +124,7 @@ impl Index {
             let state = if first != UNSEEN {
                 first
             } else {
-                let state = self.first_state(name, facts, exclusions, from_request, assumed, now);
+                let state = self.state(name, facts, exclusions, from_request, assumed, now);
                 let state = match state {
                     Ok(s) => {
                         out.states.push(s);
@@ -104,8 +148,59 @@ impl Index {
         out
     }
 
-    /// The state of a node asked about for the first time in a call, or why it has none.
-    fn first_state(
+    /// The state of a node asked about for the first time in a call, or why it has none: the
+    /// entry's own when nothing in this call changes it.
+    fn state<'i>(
+        &'i self,
+        name: &str,
+        facts: Option<(&'i Name, &'i NodeFacts)>,
+        exclusions: Exclusions,
+        from_request: &FastMap<String, NodeInfo>,
+        assumed: &FastMap<String, Requests>,
+        now: f64,
+    ) -> Result<NodeRef<'i>, String> {
+        let build = || {
+            self.first_state(name, facts, exclusions, from_request, assumed, now)
+                .map(|s| NodeRef::Built(Box::new(s)))
+        };
+        let Some((_, f)) = facts else {
+            return build();
+        };
+        let changed_here = (!from_request.is_empty() && from_request.contains_key(name))
+            || (!assumed.is_empty() && assumed.contains_key(name));
+        if changed_here {
+            return build();
+        }
+        if exclusions == Exclusions::Apply
+            && let Some(reason) = self.exclusion(name)
+        {
+            return Err(reason.to_owned());
+        }
+        let Some(lent) = self.lent_state(f.slot) else {
+            return build();
+        };
+        let own = lent.get_or_init(|| {
+            let (sent, binds) = (FastMap::default(), FastMap::default());
+            // No time at which the heartbeat is stale: that is judged below, per call.
+            let never = f64::NEG_INFINITY;
+            let own = self.first_state(name, facts, Exclusions::Ignore, &sent, &binds, never);
+            own.ok()
+        });
+        let Some(own) = own else {
+            return Err(UNKNOWN_NODE_REASON.to_owned());
+        };
+        let stale = f
+            .heartbeat
+            .as_ref()
+            .is_some_and(|hb| now - hb.at > self.heartbeat_max_age);
+        if stale && own.health == NodeHealth::Healthy {
+            return build();
+        }
+        Ok(NodeRef::Lent(own))
+    }
+
+    /// The state of a node built from every source, or why it has none.
+    pub(super) fn first_state(
         &self,
         name: &str,
         facts: Option<(&Name, &NodeFacts)>,

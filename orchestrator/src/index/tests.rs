@@ -52,7 +52,11 @@ fn one_device_reported(node: &str, vendor: &str, model: &str) -> PluginConfig {
 }
 
 /// What the extender asks: `names` with exclusions applied, nothing from the request or in flight.
-fn ask<'a>(idx: &Index, names: impl IntoIterator<Item = &'a str>, now: f64) -> NodeStates {
+fn ask<'a, 'i>(
+    idx: &'i Index,
+    names: impl IntoIterator<Item = &'a str>,
+    now: f64,
+) -> NodeStates<'i> {
     idx.node_states(
         names,
         Exclusions::Apply,
@@ -62,9 +66,20 @@ fn ask<'a>(idx: &Index, names: impl IntoIterator<Item = &'a str>, now: f64) -> N
     )
 }
 
+/// A heartbeat received at `at` from an agent with one healthy device.
+fn heartbeat_at(at: f64) -> HeartbeatInfo {
+    HeartbeatInfo {
+        at,
+        agent_version: String::new(),
+        outbox_depth: 0,
+        healthy_devices: 1,
+        total_devices: 1,
+    }
+}
+
 fn state(idx: &Index, name: &str, now: f64) -> NodeState {
     let mut s = ask(idx, [name], now).states;
-    s.pop().expect("known node")
+    s.pop().expect("known node").into_owned()
 }
 
 #[test]
@@ -223,14 +238,7 @@ fn health_from_readiness_devices_and_heartbeats() {
     assert!(
         matches!(state(&idx, "down", 100.0).health, NodeHealth::Unhealthy { reason } if reason.contains("not Ready"))
     );
-    let hb = |at| HeartbeatInfo {
-        at,
-        agent_version: String::new(),
-        outbox_depth: 0,
-        healthy_devices: 1,
-        total_devices: 1,
-    };
-    idx.heartbeat("ok", hb(50.0));
+    idx.heartbeat("ok", heartbeat_at(50.0));
     assert_eq!(state(&idx, "ok", 100.0).health, NodeHealth::Healthy);
     assert!(
         matches!(state(&idx, "ok", 200.0).health, NodeHealth::Stale { age_seconds } if age_seconds == 150.0)
@@ -550,4 +558,93 @@ fn a_nodes_entry_lives_while_any_source_knows_it() {
     idx.set_plugin_config(PluginConfig::default());
     assert!(idx.nodes.is_empty(), "nothing left of n1: {:?}", idx.nodes);
     assert_eq!(idx.profile("n1"), None);
+}
+
+/// Every node's state as the extender gets it (lent by its entry where it can be) against one
+/// built from every source for the call, after each kind of write the index takes: a write that
+/// left a stale state lent would show here.
+#[test]
+fn lent_states_follow_every_write() {
+    let names = ["n1", "n2", "n3"];
+    let check = |idx: &Index, step: &str, now: f64| {
+        let lent = ask(idx, names, now);
+        let (sent, binds) = (FastMap::default(), FastMap::default());
+        let built: Vec<Result<NodeState, String>> = names
+            .iter()
+            .map(|&n| {
+                let facts = idx.nodes.get_key_value(n);
+                idx.first_state(n, facts, Exclusions::Apply, &sent, &binds, now)
+            })
+            .collect();
+        let got: Vec<Result<NodeState, String>> = names
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| match lent.of_name[i] {
+                Some(s) => Ok((*lent.states[s as usize]).clone()),
+                None => Err(lent
+                    .unknown
+                    .iter()
+                    .find(|(u, _)| u == n)
+                    .map(|(_, r)| r.clone())
+                    .unwrap_or_default()),
+            })
+            .collect();
+        assert_eq!(got, built, "after {step}");
+        // Asked again: the same, now from the entries' states.
+        let again: Vec<NodeState> = ask(idx, names, now)
+            .states
+            .into_iter()
+            .map(NodeRef::into_owned)
+            .collect();
+        let first: Vec<NodeState> = lent.states.into_iter().map(NodeRef::into_owned).collect();
+        assert_eq!(again, first, "asked twice after {step}");
+    };
+    let mut idx = mk_index();
+    check(&idx, "nothing", 0.0);
+    idx.reset_nodes(vec![
+        node_info(&mk_node("n1", 4, true), GPU),
+        node_info(&mk_node("n2", 2, true), GPU),
+    ]);
+    idx.reset_pods(&[]);
+    check(&idx, "reset_nodes", 0.0);
+    idx.apply_pod(&pod_facts(&mk_pod("a", Some("n1"), 1, "Running"), GPU).unwrap());
+    check(&idx, "a pod bound", 0.0);
+    idx.delete_pod(&pod_facts(&mk_pod("a", Some("n1"), 1, "Running"), GPU).unwrap());
+    check(&idx, "the pod deleted", 0.0);
+    idx.reset_pods(&[pod_facts(&mk_pod("b", Some("n2"), 2, "Running"), GPU).unwrap()]);
+    check(&idx, "reset_pods", 0.0);
+    idx.apply_node(node_info(&mk_node("n1", 4, false), GPU));
+    check(&idx, "n1 not ready", 0.0);
+    // Ready again, with the stale allocatable of 0 a DRA node's kubelet can show: the
+    // allocation policy decides whether it or the plugin's healthy devices count.
+    idx.apply_node(node_info(&mk_node("n1", 0, true), GPU));
+    idx.set_device_health("n1", "nvidia", (3, 4));
+    check(&idx, "n1 ready with a plugin health report", 0.0);
+    idx.set_plugin_config(one_device_reported("n3", "amd", "MI300X"));
+    check(&idx, "a plugin report for n3", 0.0);
+    idx.set_device_health("n3", "amd", (0, 1));
+    check(&idx, "n3's devices unhealthy", 0.0);
+    idx.heartbeat("n2", heartbeat_at(0.0));
+    check(&idx, "a heartbeat", 10.0);
+    check(&idx, "the heartbeat gone stale", 1000.0);
+    idx.heartbeat("n2", heartbeat_at(995.0));
+    check(&idx, "a fresh heartbeat", 1000.0);
+    idx.set_allocation_policy(crate::dra::AllocationPolicy::Dra);
+    check(&idx, "DRA everywhere", 0.0);
+    idx.apply_slice(
+        "n1-gpu.kudos.dev",
+        Some(slices::SliceDevices {
+            node: "n1".into(),
+            total: 4,
+            healthy: 1,
+            vendor: "nvidia".into(),
+            model: "Tesla T4".into(),
+            memory_bytes: 16 << 30,
+        }),
+    );
+    check(&idx, "a slice", 0.0);
+    idx.reset_slices(Vec::new());
+    check(&idx, "slices reset", 0.0);
+    idx.delete_node("n1");
+    check(&idx, "n1 deleted", 0.0);
 }

@@ -108,7 +108,7 @@ impl Index {
         StateView {
             allocation_api,
             plugin_config: self.plugin_config.clone(),
-            nodes,
+            nodes: nodes.into_iter().map(super::NodeRef::into_owned).collect(),
             nodes_without_accelerators: unknown.into_iter().map(|(n, _)| n).collect(),
             heartbeats: self
                 .nodes

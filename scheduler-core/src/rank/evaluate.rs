@@ -4,11 +4,14 @@
 //! score are its profile's too: both are computed once, on the [`super::ProfileRow`]. Thompson
 //! sampling draws per node, so under it every node gets its own [`Eval`].
 
+use std::borrow::Borrow;
+
 use super::{Call, Class, Eval, Scratch, exploring};
 use crate::config::Exploration;
 use crate::predict::{LogPrediction, predict_node, predict_profile_for};
 use crate::review::{good_probability, threshold};
 use crate::score::{decay, explored_log_time, good_rate, to_score};
+use crate::types::NodeState;
 
 /// The fastest predicted and explored log times among the candidates (step 3's reference).
 #[derive(Clone, Copy, Debug)]
@@ -39,8 +42,8 @@ pub(crate) struct Threshold {
 }
 
 /// The evaluation of a node (or profile) predicted `pred` per work unit, before its review.
-fn predicted(
-    call: &Call<'_>,
+fn predicted<N>(
+    call: &Call<'_, N>,
     class: &Class<'_>,
     pred: LogPrediction,
     node: &str,
@@ -60,7 +63,7 @@ fn predicted(
 /// per distinct profile; a node with its own runs of the class on its current profile refines
 /// it with them and gets its own evaluation (as does every node under Thompson sampling).
 /// Without a class nothing is predicted.
-pub(super) fn predict(call: &Call<'_>, s: &mut Scratch) -> Fastest {
+pub(super) fn predict<N: Borrow<NodeState>>(call: &Call<'_, N>, s: &mut Scratch) -> Fastest {
     s.evals.clear();
     let mut fastest = Fastest::NONE;
     let Some(class) = &call.class else {
@@ -68,7 +71,7 @@ pub(super) fn predict(call: &Call<'_>, s: &mut Scratch) -> Fastest {
     };
     for (p, key) in s.profiles.iter_mut().zip(&s.profile_keys) {
         if p.allowed.is_ok() {
-            let profile = &call.nodes[p.first as usize].profile;
+            let profile = &call.node(p.first).profile;
             let pred = predict_profile_for(call.state, call.config, class.lookup, profile, key);
             p.pred = Some(pred);
         }
@@ -78,7 +81,7 @@ pub(super) fn predict(call: &Call<'_>, s: &mut Scratch) -> Fastest {
     for row in &mut s.rows {
         let profile = &mut s.profiles[row.profile as usize];
         let key = &s.profile_keys[row.profile as usize];
-        let node = &call.nodes[row.node as usize];
+        let node = call.node(row.node);
         let own = class
             .history
             .and_then(|c| c.nodes.get(node.name.as_str()))
@@ -111,7 +114,7 @@ pub(super) fn predict(call: &Call<'_>, s: &mut Scratch) -> Fastest {
 /// fastest candidate. The exploring score reviews each node's optimistic (UCB) or sampled
 /// (Thompson) time against the same rule applied to those times, so a plausibly faster,
 /// unexplored node can outscore an incumbent that is merely "good" (see [`crate::score`]).
-pub(super) fn review_threshold(call: &Call<'_>, fastest: Fastest) -> Threshold {
+pub(super) fn review_threshold<N>(call: &Call<'_, N>, fastest: Fastest) -> Threshold {
     let Some(class) = &call.class else {
         return Threshold {
             seconds: None,
@@ -133,7 +136,7 @@ pub(super) fn review_threshold(call: &Call<'_>, fastest: Fastest) -> Threshold {
 /// §2.2 step 4: each evaluation's predicted review as a probability, combined with the node's
 /// decayed actual reviews into its good-review rate (the second model) and its 0..=10 score,
 /// the first queue's order. Without a threshold every score stays neutral.
-pub(super) fn score(call: &Call<'_>, threshold: &Threshold, s: &mut Scratch) {
+pub(super) fn score<N>(call: &Call<'_, N>, threshold: &Threshold, s: &mut Scratch) {
     let config = call.config;
     let explore_threshold = threshold.ln_explore.filter(|_| exploring(config));
     let scored = |e: &mut Eval| {

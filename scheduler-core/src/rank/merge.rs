@@ -12,9 +12,12 @@
 //! so the sort moves `(u64, u32)` pairs; rows whose keys are equal are ordered by full name, which
 //! orders them as the remaining name-key bits would, then by name.
 
+use std::borrow::Borrow;
+
 use super::{Call, Eval, Row, SHARED, Scratch};
 use crate::config::MergeWeights;
 use crate::queue::{self, DefaultPlugins, MAX_EXTENDER_SCORE, common_prefix, name_key};
+use crate::types::NodeState;
 
 /// Default plugins' scores run 0..=200 (two plugins at weight 1, 0..=100 each).
 const MAX_DEFAULT: usize = 2 * queue::MAX_NODE_SCORE as usize;
@@ -68,9 +71,8 @@ impl PairRanks {
 
 /// §2.2 step 5: each candidate's default plugins' score (the second queue, reproduced), then the
 /// recommended queue into [`Scratch::order`].
-pub(super) fn merge(call: &Call<'_>, s: &mut Scratch) {
-    let nodes = call.nodes;
-    let name = |row: &Row| nodes[row.node as usize].name.as_bytes();
+pub(super) fn merge<N: Borrow<NodeState>>(call: &Call<'_, N>, s: &mut Scratch) {
+    let name = |row: &Row| call.node(row.node).name.as_bytes();
     let lcp = s.rows.first().map_or(0, |first| {
         let first = name(first);
         s.rows.iter().fold(first.len(), |lcp, row| {
@@ -80,7 +82,7 @@ pub(super) fn merge(call: &Call<'_>, s: &mut Scratch) {
     let plugins = DefaultPlugins::new(call.pod);
     s.names.clear();
     for row in &mut s.rows {
-        let node = &nodes[row.node as usize];
+        let node = call.node(row.node);
         row.default_score = plugins.score(node);
         row.name_key = name_key(node.name.as_bytes(), lcp);
         s.names.push(Some(node.name.clone()));
@@ -113,7 +115,7 @@ pub(super) fn merge(call: &Call<'_>, s: &mut Scratch) {
 }
 
 /// The order of [`queue::recommended_by`] over the same candidates (the reference).
-fn generic_order(call: &Call<'_>, s: &Scratch) -> Vec<u32> {
+fn generic_order<N: Borrow<NodeState>>(call: &Call<'_, N>, s: &Scratch) -> Vec<u32> {
     let items: Vec<_> = s
         .rows
         .iter()

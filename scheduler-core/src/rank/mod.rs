@@ -30,6 +30,7 @@ mod table;
 #[cfg(test)]
 mod tests;
 
+use std::borrow::Borrow;
 use std::cell::Cell;
 
 use crate::config::{ClassConfig, Exploration, SchedulerConfig};
@@ -47,14 +48,21 @@ const SHARED: u32 = u32::MAX;
 const SCRATCH_KEEP_ROWS: usize = 1 << 16;
 
 /// What one ranking call reads: its arguments and the pod's class as the model knows it.
-pub(super) struct Call<'a> {
+pub(super) struct Call<'a, N> {
     config: &'a SchedulerConfig,
     state: &'a ModelState,
     pod: &'a PodSpec,
-    nodes: &'a [NodeState],
+    nodes: &'a [N],
     now: f64,
     seed: u64,
     class: Option<Class<'a>>,
+}
+
+impl<N: Borrow<NodeState>> Call<'_, N> {
+    /// Candidate `i` (an index into the call's nodes).
+    fn node(&self, i: u32) -> &NodeState {
+        self.nodes[i as usize].borrow()
+    }
 }
 
 /// The pod's class: configuration, learned state and the log of its declared work.
@@ -181,10 +189,10 @@ impl Scratch {
     }
 
     /// The queue inputs of a row, as [`crate::queue`] takes them.
-    fn candidate<'n>(&self, nodes: &'n [NodeState], row: &Row) -> Candidate<'n> {
+    fn candidate<'n, N: Borrow<NodeState>>(&self, nodes: &'n [N], row: &Row) -> Candidate<'n> {
         let e = self.eval(row);
         Candidate {
-            name: &nodes[row.node as usize].name,
+            name: &nodes[row.node as usize].borrow().name,
             score: e.score,
             rate: e.rate,
             log_time: e.log_time,
@@ -218,11 +226,11 @@ fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
 }
 
 /// Ranks `nodes` for `pod` (see [`crate::Scheduler::rank`]): the steps in order.
-pub fn rank(
+pub fn rank<N: Borrow<NodeState>>(
     config: &SchedulerConfig,
     state: &ModelState,
     pod: &PodSpec,
-    nodes: &[NodeState],
+    nodes: &[N],
     now: f64,
     seed: u64,
 ) -> Ranking {
@@ -246,8 +254,8 @@ pub fn rank(
 }
 
 /// The answer: the rows in step 5's order with what each step found, and the rejections.
-fn recommended_queue(
-    call: &Call<'_>,
+fn recommended_queue<N: Borrow<NodeState>>(
+    call: &Call<'_, N>,
     threshold: &Threshold,
     s: &mut Scratch,
     mut rejected: Vec<Rejection>,
@@ -273,7 +281,7 @@ fn recommended_queue(
             };
             let node = names[r as usize]
                 .take()
-                .unwrap_or_else(|| call.nodes[row.node as usize].name.clone());
+                .unwrap_or_else(|| call.node(row.node).name.clone());
             RankEntry {
                 node,
                 prediction,

@@ -1,5 +1,6 @@
 //! Design §2.2 step 1 over a call: the node set, and the distinct device profiles in it.
 
+use std::borrow::Borrow;
 use std::fmt::Write as _;
 use std::hash::Hasher as _;
 
@@ -7,17 +8,20 @@ use super::{Call, Eval, ProfileRow, Row, SHARED, Scratch};
 use crate::Name;
 use crate::nodeset::{check_devices, check_node_kind, node_kind_fits};
 use crate::predict::NameHasher;
-use crate::types::{DeviceProfile, Rejection};
+use crate::types::{DeviceProfile, NodeState, Rejection};
 
 /// §2.2 step 1: one [`Row`] per node that fits the pod and whose devices the class allows, in
 /// the order of `call.nodes`; the others are returned with their reasons. Device-level checks
 /// depend only on the profile, so they run once per distinct profile ([`Scratch::profiles`]).
-pub(super) fn node_set(call: &Call<'_>, s: &mut Scratch) -> Vec<Rejection> {
+pub(super) fn node_set<N: Borrow<NodeState>>(
+    call: &Call<'_, N>,
+    s: &mut Scratch,
+) -> Vec<Rejection> {
     s.rows.clear();
     s.profiles.clear();
     s.recent_profiles = [0; RECENT_SLOTS];
     let mut rejected = Vec::new();
-    for (i, node) in call.nodes.iter().enumerate() {
+    for (i, node) in call.nodes.iter().map(Borrow::borrow).enumerate() {
         if !node_kind_fits(node, call.pod)
             && let Err((kind, reason)) = check_node_kind(node, call.pod)
         {
@@ -89,8 +93,8 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 /// The index of node `i`'s profile in [`Scratch::profiles`], added (and class-checked) when new.
 /// Nodes share few profiles: a linear search comparing hashes, the fields only on a hash match.
 /// (Before that, a look among the recently matched profiles for the same allocations.)
-fn profile_index(call: &Call<'_>, s: &mut Scratch, i: usize) -> usize {
-    let profile = &call.nodes[i].profile;
+fn profile_index<N: Borrow<NodeState>>(call: &Call<'_, N>, s: &mut Scratch, i: usize) -> usize {
+    let profile = &call.nodes[i].borrow().profile;
     // Callers that intern profiles (the orchestrator's index does) give nodes of one profile
     // the same vendor and model allocations: a node whose allocations a recent node had is
     // matched without hashing or comparing text.
@@ -102,7 +106,7 @@ fn profile_index(call: &Call<'_>, s: &mut Scratch, i: usize) -> usize {
     let slot = identity.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - RECENT_BITS);
     let slot = slot as usize;
     if let Some(p) = s.recent_profiles[slot].checked_sub(1).map(|p| p as usize)
-        && same_allocations(&call.nodes[s.profiles[p].first as usize].profile, profile)
+        && same_allocations(&call.node(s.profiles[p].first).profile, profile)
     {
         return p;
     }
@@ -123,13 +127,17 @@ fn same_allocations(a: &DeviceProfile, b: &DeviceProfile) -> bool {
 }
 
 /// [`profile_index`] by the profile's text.
-fn profile_index_by_content(call: &Call<'_>, s: &mut Scratch, i: usize) -> usize {
-    let profile = &call.nodes[i].profile;
+fn profile_index_by_content<N: Borrow<NodeState>>(
+    call: &Call<'_, N>,
+    s: &mut Scratch,
+    i: usize,
+) -> usize {
+    let profile = &call.nodes[i].borrow().profile;
     let h = profile_hash(profile);
     if let Some(p) = s
         .profiles
         .iter()
-        .position(|p| p.hash == h && same_profile(&call.nodes[p.first as usize].profile, profile))
+        .position(|p| p.hash == h && same_profile(&call.node(p.first).profile, profile))
     {
         return p;
     }
