@@ -24,14 +24,36 @@ impl<K: Hash + Eq + Clone, V> FifoMap<K, V> {
 
     /// Inserts or replaces `key`; a new key past the capacity evicts the oldest.
     pub fn insert(&mut self, key: K, value: V) {
-        if self.map.insert(key.clone(), value).is_none() {
-            self.order.push_back(key);
-            while self.order.len() > self.capacity {
-                if let Some(old) = self.order.pop_front() {
-                    self.map.remove(&old);
+        self.insert_dropping(key, value, drop);
+    }
+
+    /// [`FifoMap::insert`], handing each value it lets go (the one replaced, or the oldest
+    /// evicted) to `dropped`.
+    pub fn insert_dropping(&mut self, key: K, value: V, mut dropped: impl FnMut(V)) {
+        match self.map.insert(key.clone(), value) {
+            Some(old) => dropped(old),
+            None => {
+                self.order.push_back(key);
+                while self.order.len() > self.capacity {
+                    match self.pop_oldest() {
+                        Some((_, old)) => dropped(old),
+                        None => break,
+                    }
                 }
             }
         }
+    }
+
+    /// Removes and returns the oldest entry.
+    pub fn pop_oldest(&mut self) -> Option<(K, V)> {
+        let key = self.order.pop_front()?;
+        let value = self.map.remove(&key)?;
+        Some((key, value))
+    }
+
+    /// Entries kept.
+    pub fn len(&self) -> usize {
+        self.map.len()
     }
 
     /// The value of `key`, if kept.

@@ -23,24 +23,24 @@
 //! - Every ranking is kept for `GET /explain/{namespace}/{pod}`.
 
 pub mod bind;
+mod explain;
 pub mod ledger;
 pub mod types;
 
-use crate::fifo::FifoMap;
+pub use explain::{ExplainCache, Explained};
+
 use crate::index::SharedIndex;
 use crate::kobj::{self, NodeInfo, PodFacts};
 use crate::metrics::Metrics;
 use bind::Binder;
 use kudos_scheduler_core::{GangSpec, PodSpec, Ranking};
-use ledger::{Ledger, Reservation};
-use serde::Serialize;
+use ledger::Ledger;
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
 use types::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
 };
 
-const MAX_EXPLAINED: usize = 4096;
 /// How long after its ranking a pod may be bound. kube-scheduler binds right after
 /// prioritize; a Permit plugin (coscheduling) may hold a pod for a while first.
 pub const BIND_AFTER_RANKING_SECONDS: f64 = 600.0;
@@ -48,63 +48,6 @@ pub const BIND_AFTER_RANKING_SECONDS: f64 = 600.0;
 const MAX_EXPLAINED_UNKNOWN: usize = 100;
 
 use crate::fasthash::FastSet;
-
-/// What `GET /explain/{namespace}/{pod}` returns: the last ranking computed for the pod.
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Explained {
-    /// Which verb computed it.
-    pub verb: &'static str,
-    /// UID of the pod ranked (empty when the request carried none); bind checks it.
-    pub pod_uid: String,
-    /// Unix seconds.
-    pub computed_at: f64,
-    /// Exploration seed used.
-    pub seed: u64,
-    /// The ranking: per node prediction (seconds, log-sd uncertainty, source), review, good
-    /// rate, score, default score, merged score, rank; and rejected nodes with reasons.
-    pub ranking: Ranking,
-    /// The gang reservation in force, if the pod belongs to a gang.
-    pub gang_reservation: Option<Reservation>,
-    /// Nodes Kudos could not rank (no known accelerators, or excluded by node monitoring),
-    /// with reasons; the filter answers them in `FailedAndUnresolvableNodes`. At most the
-    /// first 100 are kept here.
-    pub unknown_nodes: Vec<(String, String)>,
-    /// How many nodes Kudos could not rank.
-    pub unknown_nodes_total: usize,
-}
-
-/// The last rankings by `namespace/name`, bounded (oldest evicted first).
-pub struct ExplainCache {
-    inner: Mutex<FifoMap<String, Arc<Explained>>>,
-}
-
-impl Default for ExplainCache {
-    fn default() -> Self {
-        Self {
-            inner: Mutex::new(FifoMap::new(MAX_EXPLAINED)),
-        }
-    }
-}
-
-impl ExplainCache {
-    fn put(&self, key: String, e: Arc<Explained>) {
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        g.insert(key, e);
-    }
-
-    /// The last ranking of `namespace/pod`.
-    pub fn get(&self, namespace: &str, pod: &str) -> Option<Arc<Explained>> {
-        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        g.get(&format!("{namespace}/{pod}")).cloned()
-    }
-
-    /// The `n` pods ranked most recently (first ranked, newest first) with their last ranking.
-    pub fn recent(&self, n: usize) -> Vec<(String, Arc<Explained>)> {
-        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        g.newest(n).map(|(k, v)| (k.clone(), v.clone())).collect()
-    }
-}
 
 /// The last filter's ranking, which prioritize reuses for the same pod when nothing changed
 /// in between: kube-scheduler calls prioritize right after filter with exactly the nodes that
