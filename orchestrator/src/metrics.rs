@@ -95,6 +95,10 @@ pub struct Metrics {
     pub leader: Gauge,
     /// Nodes in the index (from the Node watch).
     pub nodes: Gauge,
+    /// Pod rankings the extender keeps (`/explain`, `bind`'s check).
+    pub explanations: Gauge,
+    /// Node lines over the rankings kept (what bounds their memory).
+    pub explanation_node_lines: Gauge,
     /// Nodes re-scored by run feedback (third-queue entries), in total.
     pub feedback_rescored_nodes: Counter,
     /// Rollout: image pushes, DaemonSet applies/deletes, failed passes
@@ -128,6 +132,13 @@ pub struct Metrics {
     pub model_publishes: Counter,
     /// Stored runs left out of the model because learning them panicked.
     pub runs_left_out: Counter,
+}
+
+/// A gauge registered in `registry` as `name`.
+fn registered_gauge(registry: &mut Registry, name: &str, help: &str) -> Gauge {
+    let gauge = Gauge::default();
+    registry.register(name, help, gauge.clone());
+    gauge
 }
 
 impl Default for Metrics {
@@ -188,6 +199,16 @@ impl Metrics {
         );
         let nodes = Gauge::default();
         registry.register("index_nodes", "Nodes in the index", nodes.clone());
+        let explanations = registered_gauge(
+            &mut registry,
+            "explanations",
+            "Pod rankings kept for /explain and bind (the newest, at most 4,096)",
+        );
+        let explanation_node_lines = registered_gauge(
+            &mut registry,
+            "explanation_node_lines",
+            "Node lines (ranked, rejected, unknown) over the rankings kept, at most 1,000,000 (about 106 bytes each)",
+        );
         let feedback_rescored_nodes = Counter::default();
         registry.register(
             "feedback_rescored_nodes",
@@ -306,6 +327,8 @@ impl Metrics {
             plugin_generation,
             leader,
             nodes,
+            explanations,
+            explanation_node_lines,
             feedback_rescored_nodes,
             rollout,
             monitor,

@@ -82,7 +82,8 @@ impl ExplainCache {
         }
     }
 
-    pub(super) fn put(&self, key: String, e: Arc<Explained>) {
+    /// Keeps `e` as `key`'s ranking; returns what is kept now, as [`ExplainCache::size`].
+    pub(super) fn put(&self, key: String, e: Arc<Explained>) -> (usize, usize) {
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let g = &mut *g;
         g.lines += e.node_lines();
@@ -95,6 +96,7 @@ impl ExplainCache {
                 None => break,
             }
         }
+        (g.by_pod.len(), g.lines)
     }
 
     /// The last ranking of `namespace/pod`.

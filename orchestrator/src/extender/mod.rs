@@ -406,10 +406,12 @@ impl Extender {
                 .collect(),
             unknown_nodes_total,
         });
-        self.explain.put(
+        let (kept, lines) = self.explain.put(
             format!("{}/{}", facts.namespace, facts.name),
             explained.clone(),
         );
+        self.metrics.explanations.set(kept as i64);
+        self.metrics.explanation_node_lines.set(lines as i64);
         Evaluation {
             explained,
             gang_node,

@@ -314,7 +314,9 @@ async fn explain_refuses_a_bad_path_with_a_json_error() {
 
 #[tokio::test]
 async fn explain_returns_last_ranking() {
-    let app = mk_app(standard_index());
+    let state = mk_state(standard_index());
+    let metrics = state.metrics.clone();
+    let app = kudos_orchestrator::http::router(state, &limits());
     let (s, _) = get(&app, "/explain/default/train-1").await;
     assert_eq!(s, StatusCode::NOT_FOUND);
     let req = std::fs::read(golden("prioritize_nodenames.request.json")).unwrap();
@@ -324,6 +326,19 @@ async fn explain_returns_last_ranking() {
     assert_eq!(v["verb"], "prioritize");
     let entries = v["ranking"]["entries"].as_array().unwrap();
     assert_eq!(entries.len(), 3);
+    // What is kept is on /metrics: one ranking, its node lines and one for the rest.
+    let rejected = v["ranking"]["rejected"].as_array().map_or(0, Vec::len);
+    let unknown = v["unknownNodes"].as_array().map_or(0, Vec::len);
+    let text = metrics.encode().unwrap();
+    assert!(
+        text.contains("kudos_orchestrator_explanations 1\n"),
+        "{text}"
+    );
+    let lines = format!(
+        "kudos_orchestrator_explanation_node_lines {}\n",
+        3 + rejected + unknown + 1
+    );
+    assert!(text.contains(&lines), "{lines} in {text}");
     for e in entries {
         assert!(e["prediction"]["seconds"].as_f64().unwrap() > 0.0, "{e}");
         assert!(e["prediction"]["uncertainty_log_sd"].is_number(), "{e}");
