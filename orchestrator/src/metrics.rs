@@ -185,20 +185,17 @@ impl Metrics {
             "Time to durably store one run report",
             store_append_duration.clone(),
         );
-        let plugin_generation = Gauge::default();
-        registry.register(
+        let plugin_generation = registered_gauge(
+            &mut registry,
             "plugin_config_generation",
             "Current plugin configuration generation",
-            plugin_generation.clone(),
         );
-        let leader = Gauge::default();
-        registry.register(
+        let leader = registered_gauge(
+            &mut registry,
             "leader",
             "1 while this replica writes the state (holds the leader Lease, or runs without election), 0 while it follows",
-            leader.clone(),
         );
-        let nodes = Gauge::default();
-        registry.register("index_nodes", "Nodes in the index", nodes.clone());
+        let nodes = registered_gauge(&mut registry, "index_nodes", "Nodes in the index");
         let explanations = registered_gauge(
             &mut registry,
             "explanations",

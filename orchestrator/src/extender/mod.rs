@@ -350,7 +350,7 @@ impl Extender {
         // The states are lent by the index, so the read lock is held until the ranking (and a
         // gang's placement) is done: a writer waits for at most one ranking (0.4 ms at 5,000
         // nodes), where copying the states out to let go sooner cost as much as the ranking.
-        let model = index.model();
+        let model = index.scheduler();
         let unknown_nodes_total = unknown.len();
         let ranking = model.rank(&spec, &states, now, seed);
         let entry_of = entries_by_name(&of_name, states.len(), &ranking);

@@ -94,7 +94,7 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 /// Nodes share few profiles: a linear search comparing hashes, the fields only on a hash match.
 /// (Before that, a look among the recently matched profiles for the same allocations.)
 fn profile_index<N: Borrow<NodeState>>(call: &Call<'_, N>, s: &mut Scratch, i: usize) -> usize {
-    let profile = &call.nodes[i].borrow().profile;
+    let profile = &call.node(i as u32).profile;
     // Callers that intern profiles (the orchestrator's index does) give nodes of one profile
     // the same vendor and model allocations: a node whose allocations a recent node had is
     // matched without hashing or comparing text.
@@ -132,7 +132,7 @@ fn profile_index_by_content<N: Borrow<NodeState>>(
     s: &mut Scratch,
     i: usize,
 ) -> usize {
-    let profile = &call.nodes[i].borrow().profile;
+    let profile = &call.node(i as u32).profile;
     let h = profile_hash(profile);
     if let Some(p) = s
         .profiles
