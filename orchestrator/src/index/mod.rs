@@ -84,23 +84,21 @@ pub struct HeartbeatInfo {
 pub struct Index {
     unified: String,
     heartbeat_max_age: f64,
-    /// Everything known per node, from every source (see [`NodeFacts`]).
-    nodes: FastMap<Name, NodeFacts>,
-    /// Entries of `nodes` with a Node object.
+    /// Node name → its slot, where its entry and lent state are kept. Finding a name touches
+    /// only this table of names and slots: when the entries were its values, at 5,000
+    /// candidates the probe's read of each ~380-byte entry missed the cache and was most of
+    /// looking a node up.
+    slot_of: FastMap<Name, u32>,
+    /// Per slot, everything known of the node from every source (see [`NodeFacts`]). A free
+    /// slot holds an empty entry.
+    entries: Vec<NodeFacts>,
+    /// Entries with a Node object.
     node_objects: usize,
-    /// [`NodeFacts::slot`]s given out: every slot is below it.
-    slots: u32,
     /// Slots of removed entries, given to the next new ones.
     free_slots: Vec<u32>,
-    /// Per slot, the node's ranking input as its entry's facts give it (`None`: no
-    /// accelerators known), built by the first ranking after a change and lent to every
-    /// ranking until the next: at 5,000 candidates, building and dropping the states was half
-    /// of a ranking call. Kept by slot, in one array, so that a ranking reads them in one
-    /// place rather than inside the entries. Every write to an entry empties its state
-    /// ([`Index::facts_mut`]), as does a change to what states also read outside the entries
-    /// (ResourceSlices, the allocation policy). Heartbeats leave it: staleness is judged per
-    /// call.
-    lent: Vec<OnceLock<Option<NodeState>>>,
+    /// Per slot, what a ranking reads of the node (see [`Lent`]), kept in one array so that a
+    /// ranking reads them in one place rather than inside the entries.
+    lent: Vec<Lent>,
     /// Vendor and model names shared by the nodes' profiles (see [`MAX_INTERNED_NAMES`]).
     interned: Vec<Name>,
     pods: FastMap<String, (String, Requests)>,
@@ -132,14 +130,29 @@ pub struct Index {
     slices: slices::SliceInventory,
 }
 
+/// What a ranking call reads per candidate, by slot: the node's ranking input as its entry's
+/// facts give it, and the time of its heartbeat.
+#[derive(Debug, Default)]
+struct Lent {
+    /// The node's state (`None`: no accelerators known), built by the first ranking after a
+    /// change and lent to every ranking until the next: at 5,000 candidates, building and
+    /// dropping the states was half of a ranking call. Every write to an entry empties it
+    /// ([`Index::facts_mut`]), as does a change to what states also read outside the entries
+    /// (ResourceSlices, the allocation policy). Heartbeats leave it: staleness is judged per
+    /// call, from `heartbeat_at`.
+    state: OnceLock<Option<NodeState>>,
+    /// [`NodeFacts::heartbeat`]'s time, copied here so that a ranking judges staleness
+    /// without reading the entry.
+    heartbeat_at: Option<f64>,
+}
+
 /// What the index knows of one node, from every source, in one entry: a ranking call looks each
 /// of thousands of candidates up once, where one map per source cost a lookup per source. An
-/// entry lives while any source has something for its node ([`NodeFacts::is_empty`]).
+/// entry lives while any source has something for its node ([`NodeFacts::is_empty`]); its
+/// slot (see [`Index::slot_of`]) is its number among the entries for that long: a ranking call
+/// marks the nodes it has seen in a vector by slot, not in a map of names.
 #[derive(Debug, Default)]
 struct NodeFacts {
-    /// Its number among the entries, `0..Index::slots`, for as long as the entry lives: a
-    /// ranking call marks the nodes it has seen in a vector by slot, not in a map of names.
-    slot: u32,
     /// Its device profile from the plugin configuration, computed once per configuration
     /// change. Keyed by a shared name, as scheduler-core takes it: every ranking input shares
     /// the name and the profile's strings instead of copying them.
@@ -224,9 +237,9 @@ impl Index {
         Self {
             unified: unified.to_owned(),
             heartbeat_max_age,
-            nodes: FastMap::default(),
+            slot_of: FastMap::default(),
+            entries: Vec::new(),
             node_objects: 0,
-            slots: 0,
             free_slots: Vec::new(),
             lent: Vec::new(),
             interned: Vec::new(),
@@ -271,21 +284,40 @@ impl Index {
 
     /// Empties every node's lent state, after a change that any of them may read.
     fn forget_states(&mut self) {
-        for state in &mut self.lent {
-            state.take();
+        for lent in &mut self.lent {
+            lent.state.take();
         }
     }
 
     /// Empties the lent state of the entry in `slot`.
     fn forget_state(&mut self, slot: u32) {
-        if let Some(state) = self.lent.get_mut(slot as usize) {
-            state.take();
+        if let Some(lent) = self.lent.get_mut(slot as usize) {
+            lent.state.take();
         }
     }
 
-    /// The lent state of the entry in `slot`.
-    fn lent_state(&self, slot: u32) -> Option<&OnceLock<Option<NodeState>>> {
+    /// What a ranking reads of the entry in `slot`.
+    fn lent(&self, slot: u32) -> Option<&Lent> {
         self.lent.get(slot as usize)
+    }
+
+    /// `name`'s entry, if it has one.
+    fn facts(&self, name: &str) -> Option<&NodeFacts> {
+        let slot = *self.slot_of.get(name)?;
+        self.entries.get(slot as usize)
+    }
+
+    /// `name`'s entry and its slot, if it has one; its lent state stays.
+    fn facts_in_place(&mut self, name: &str) -> Option<(u32, &mut NodeFacts)> {
+        let slot = *self.slot_of.get(name)?;
+        Some((slot, self.entries.get_mut(slot as usize)?))
+    }
+
+    /// Every entry, with its node's name.
+    fn all_facts(&self) -> impl Iterator<Item = (&Name, &NodeFacts)> {
+        self.slot_of
+            .iter()
+            .filter_map(|(name, &slot)| Some((name, self.entries.get(slot as usize)?)))
     }
 
     /// The allocation API `node` uses for the unified resource, and why.
@@ -332,72 +364,80 @@ impl Index {
     /// pruned by [`crate::grpc::Ingest::forget_node`], which persists it).
     pub fn delete_node(&mut self, name: &str) {
         self.generation += 1;
-        if let Some(facts) = self.nodes.get_mut(name) {
-            self.node_objects -= usize::from(facts.take_info());
-            let slot = facts.slot;
+        if let Some((slot, facts)) = self.facts_in_place(name) {
+            let had_info = facts.take_info();
             facts.heartbeat = None;
             facts.device_health.clear();
+            self.node_objects -= usize::from(had_info);
             self.forget_state(slot);
+            if let Some(lent) = self.lent.get_mut(slot as usize) {
+                lent.heartbeat_at = None;
+            }
             self.prune(name);
         }
     }
 
     /// The Node object of `name`, if the Node watch has shown one.
     fn node(&self, name: &str) -> Option<&NodeInfo> {
-        self.nodes.get(name).and_then(|f| f.info.as_ref())
+        self.facts(name).and_then(|f| f.info.as_ref())
     }
 
     /// `name`'s entry to change, created empty when it has none; its lent state is emptied.
     fn facts_mut(&mut self, name: &str) -> &mut NodeFacts {
-        let slot = self.entry(name).slot;
+        let slot = self.slot(name);
         self.forget_state(slot);
-        self.entry(name)
+        &mut self.entries[slot as usize]
     }
 
-    /// `name`'s entry, created empty with a free slot when it has none (the name is copied
-    /// only then: pod and heartbeat events mostly update an entry that exists). Its lent state
-    /// stays: only for writes the state does not read.
-    fn entry(&mut self, name: &str) -> &mut NodeFacts {
-        if !self.nodes.contains_key(name) {
-            let slot = self.free_slots.pop().unwrap_or_else(|| {
-                self.slots += 1;
-                self.lent.push(OnceLock::new());
-                self.slots - 1
-            });
-            let facts = NodeFacts {
-                slot,
-                ..Default::default()
-            };
-            self.nodes.insert(Name::from(name), facts);
+    /// `name`'s slot, given an empty entry when it has none (the name is copied only then: pod
+    /// and heartbeat events mostly update an entry that exists). Its lent state stays.
+    fn slot(&mut self, name: &str) -> u32 {
+        if let Some(&slot) = self.slot_of.get(name) {
+            return slot;
         }
-        self.nodes
-            .get_mut(name)
-            .expect("the entry was inserted just above")
+        let slot = self.free_slots.pop().unwrap_or_else(|| {
+            self.entries.push(NodeFacts::default());
+            self.lent.push(Lent::default());
+            (self.entries.len() - 1) as u32
+        });
+        self.slot_of.insert(Name::from(name), slot);
+        slot
     }
 
     /// Drops `name`'s entry when no source has anything left for it.
     fn prune(&mut self, name: &str) {
-        if self.nodes.get(name).is_some_and(NodeFacts::is_empty)
-            && let Some(facts) = self.nodes.remove(name)
+        if self.facts(name).is_some_and(NodeFacts::is_empty)
+            && let Some(slot) = self.slot_of.remove(name)
         {
-            self.free_slots.push(facts.slot);
-            self.forget_state(facts.slot);
+            self.free_slot(slot);
         }
     }
 
     /// Drops every entry no source has anything left for.
     fn prune_all(&mut self) {
-        let (free, lent) = (&mut self.free_slots, &mut self.lent);
-        self.nodes.retain(|_, f| {
-            let keep = !f.is_empty();
+        let entries = &self.entries;
+        let mut freed = Vec::new();
+        self.slot_of.retain(|_, &mut slot| {
+            let keep = entries.get(slot as usize).is_some_and(|f| !f.is_empty());
             if !keep {
-                free.push(f.slot);
-                if let Some(state) = lent.get_mut(f.slot as usize) {
-                    state.take();
-                }
+                freed.push(slot);
             }
             keep
         });
+        for slot in freed {
+            self.free_slot(slot);
+        }
+    }
+
+    /// Empties the entry in `slot`, whose name is gone, and gives the slot to the next new one.
+    fn free_slot(&mut self, slot: u32) {
+        if let Some(facts) = self.entries.get_mut(slot as usize) {
+            *facts = NodeFacts::default();
+        }
+        if let Some(lent) = self.lent.get_mut(slot as usize) {
+            *lent = Lent::default();
+        }
+        self.free_slots.push(slot);
     }
 
     /// Nodes in the plugin configuration that the Node watch does not list (deleted while the
@@ -415,7 +455,7 @@ impl Index {
     pub fn reset_nodes(&mut self, nodes: Vec<NodeInfo>) {
         self.generation += 1;
         self.forget_states();
-        for facts in self.nodes.values_mut() {
+        for facts in &mut self.entries {
             facts.take_info();
         }
         self.node_objects = 0;
@@ -459,8 +499,7 @@ impl Index {
     /// Forgets a pod's resource use; returns what it held.
     fn remove_pod(&mut self, key: &str) -> Option<Requests> {
         let (node, r) = self.pods.remove(key)?;
-        if let Some(facts) = self.nodes.get_mut(node.as_str()) {
-            let slot = facts.slot;
+        if let Some((slot, facts)) = self.facts_in_place(&node) {
             facts.used.sub(r);
             self.forget_state(slot);
             self.prune(&node);
@@ -473,7 +512,7 @@ impl Index {
         self.generation += 1;
         self.pods.clear();
         self.forget_states();
-        for facts in self.nodes.values_mut() {
+        for facts in &mut self.entries {
             facts.used = Requests::default();
         }
         self.prune_all();
@@ -509,7 +548,7 @@ impl Index {
     pub fn set_plugin_config(&mut self, cfg: PluginConfig) {
         self.generation += 1;
         self.forget_states();
-        for facts in self.nodes.values_mut() {
+        for facts in &mut self.entries {
             facts.known = None;
         }
         let interned = &mut self.interned;
@@ -528,7 +567,11 @@ impl Index {
     /// Records a heartbeat.
     pub fn heartbeat(&mut self, node: &str, hb: HeartbeatInfo) {
         // The lent state stays: it does not read the heartbeat (staleness is judged per call).
-        self.entry(node).heartbeat = Some(hb);
+        let slot = self.slot(node);
+        if let Some(lent) = self.lent.get_mut(slot as usize) {
+            lent.heartbeat_at = Some(hb.at);
+        }
+        self.entries[slot as usize].heartbeat = Some(hb);
     }
 
     /// Feeds an accepted, stored run to the model, in `seq` order (at start, before the index
@@ -637,7 +680,7 @@ impl Index {
     /// The device profile of a node: the plugin's report first (it saw the devices), else the
     /// node's `kudos.dev/gpu-*` labels.
     pub fn profile(&self, node: &str) -> Option<ProfileRecord> {
-        let facts = self.nodes.get(node)?;
+        let facts = self.facts(node)?;
         match facts.known.as_ref() {
             Some(p) => Some(ProfileRecord {
                 vendor: p.vendor.to_string(),

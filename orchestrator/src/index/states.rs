@@ -111,12 +111,12 @@ impl Index {
             of_name: Vec::with_capacity(high.unwrap_or(low)),
         };
         // Per entry's slot: the state this call gave it, UNSEEN or STATELESS.
-        let mut seen = vec![UNSEEN; self.slots as usize];
+        let mut seen = vec![UNSEEN; self.entries.len()];
         // Names without an entry (known by their slices, or not at all).
         let mut seen_elsewhere: FastMap<&str, u32> = FastMap::default();
         for name in names {
-            let facts = self.nodes.get_key_value(name);
-            let slot = facts.map(|(_, f)| f.slot as usize);
+            let entry = self.slot_of.get_key_value(name).map(|(n, &slot)| (n, slot));
+            let slot = entry.map(|(_, slot)| slot as usize);
             let first = match slot {
                 Some(i) => seen.get(i).copied().unwrap_or(UNSEEN),
                 None => seen_elsewhere.get(name).copied().unwrap_or(UNSEEN),
@@ -124,7 +124,7 @@ impl Index {
             let state = if first != UNSEEN {
                 first
             } else {
-                let state = self.state(name, facts, exclusions, from_request, assumed, now);
+                let state = self.state(name, entry, exclusions, from_request, assumed, now);
                 let state = match state {
                     Ok(s) => {
                         out.states.push(s);
@@ -149,21 +149,24 @@ impl Index {
     }
 
     /// The state of a node asked about for the first time in a call, or why it has none: the
-    /// entry's own when nothing in this call changes it.
+    /// entry's own when nothing in this call changes it. `entry` is the node's name in the
+    /// index and its slot, when it has an entry: the entry itself is read only to build a state.
     fn state<'i>(
         &'i self,
         name: &str,
-        facts: Option<(&'i Name, &'i NodeFacts)>,
+        entry: Option<(&'i Name, u32)>,
         exclusions: Exclusions,
         from_request: &FastMap<String, NodeInfo>,
         assumed: &FastMap<String, Requests>,
         now: f64,
     ) -> Result<NodeRef<'i>, String> {
+        let facts = |(n, slot): (&'i Name, u32)| Some((n, self.entries.get(slot as usize)?));
         let build = || {
+            let facts = entry.and_then(facts);
             self.first_state(name, facts, exclusions, from_request, assumed, now)
                 .map(|s| NodeRef::Built(Box::new(s)))
         };
-        let Some((_, f)) = facts else {
+        let Some((_, slot)) = entry else {
             return build();
         };
         let changed_here = (!from_request.is_empty() && from_request.contains_key(name))
@@ -176,23 +179,23 @@ impl Index {
         {
             return Err(reason.to_owned());
         }
-        let Some(lent) = self.lent_state(f.slot) else {
+        let Some(lent) = self.lent(slot) else {
             return build();
         };
-        let own = lent.get_or_init(|| {
+        let own = lent.state.get_or_init(|| {
             let (sent, binds) = (FastMap::default(), FastMap::default());
             // No time at which the heartbeat is stale: that is judged below, per call.
             let never = f64::NEG_INFINITY;
+            let facts = entry.and_then(facts);
             let own = self.first_state(name, facts, Exclusions::Ignore, &sent, &binds, never);
             own.ok()
         });
         let Some(own) = own else {
             return Err(UNKNOWN_NODE_REASON.to_owned());
         };
-        let stale = f
-            .heartbeat
-            .as_ref()
-            .is_some_and(|hb| now - hb.at > self.heartbeat_max_age);
+        let stale = lent
+            .heartbeat_at
+            .is_some_and(|at| now - at > self.heartbeat_max_age);
         if stale && own.health == NodeHealth::Healthy {
             return build();
         }

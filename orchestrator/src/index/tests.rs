@@ -548,15 +548,19 @@ fn a_nodes_entry_lives_while_any_source_knows_it() {
     assert_eq!(idx.node_count(), 1);
     assert_eq!(state(&idx, "n1", 100.0).free_devices, 3);
     assert!(
-        !idx.nodes.contains_key("n2"),
+        !idx.slot_of.contains_key("n2"),
         "n2 had nothing but its Node object"
     );
 
     idx.delete_node("n1");
     idx.delete_pod(&pod_facts(&mk_pod("a", Some("n1"), 1, "Running"), GPU).unwrap());
-    assert!(idx.nodes.contains_key("n1"), "still configured");
+    assert!(idx.slot_of.contains_key("n1"), "still configured");
     idx.set_plugin_config(PluginConfig::default());
-    assert!(idx.nodes.is_empty(), "nothing left of n1: {:?}", idx.nodes);
+    assert!(
+        idx.slot_of.is_empty(),
+        "nothing left of n1: {:?}",
+        idx.slot_of
+    );
     assert_eq!(idx.profile("n1"), None);
 }
 
@@ -572,7 +576,10 @@ fn lent_states_follow_every_write() {
         let built: Vec<Result<NodeState, String>> = names
             .iter()
             .map(|&n| {
-                let facts = idx.nodes.get_key_value(n);
+                let facts = idx
+                    .slot_of
+                    .get_key_value(n)
+                    .and_then(|(name, &slot)| Some((name, idx.entries.get(slot as usize)?)));
                 idx.first_state(n, facts, Exclusions::Apply, &sent, &binds, now)
             })
             .collect();

@@ -25,9 +25,8 @@ impl Index {
         let epoch = std::time::UNIX_EPOCH;
         MonitorObservations {
             nodes: self
-                .nodes
-                .values()
-                .filter_map(|f| f.info.as_ref())
+                .all_facts()
+                .filter_map(|(_, f)| f.info.as_ref())
                 .map(|n| {
                     let obs = kudos_rollout::NodeObservation {
                         capacity: n.gpu_capacity.map(u64::from),
@@ -39,8 +38,7 @@ impl Index {
                 })
                 .collect(),
             plugin_health: self
-                .nodes
-                .iter()
+                .all_facts()
                 .filter_map(|(node, f)| {
                     let (healthy, total) = f.reported_devices()?;
                     let health = kudos_rollout::PluginHealth {
@@ -51,8 +49,7 @@ impl Index {
                 })
                 .collect(),
             heartbeats: self
-                .nodes
-                .iter()
+                .all_facts()
                 .filter_map(|(node, f)| Some((node, f.heartbeat.as_ref()?)))
                 .filter(|(_, hb)| hb.at.is_finite() && hb.at >= 0.0)
                 .map(|(node, hb)| {
@@ -66,8 +63,7 @@ impl Index {
     /// A serialisable view for `GET /state`.
     pub fn view(&self, now: f64) -> StateView {
         let mut names: Vec<&str> = self
-            .nodes
-            .iter()
+            .all_facts()
             .filter(|(_, f)| f.info.is_some())
             .map(|(n, _)| n.as_str())
             .chain(self.plugin_config.nodes.keys().map(String::as_str))
@@ -111,8 +107,7 @@ impl Index {
             nodes: nodes.into_iter().map(super::NodeRef::into_owned).collect(),
             nodes_without_accelerators: unknown.into_iter().map(|(n, _)| n).collect(),
             heartbeats: self
-                .nodes
-                .iter()
+                .all_facts()
                 .filter_map(|(n, f)| Some((n.to_string(), f.heartbeat.clone()?)))
                 .collect(),
             model: ModelSummary {
