@@ -307,9 +307,15 @@ impl Index {
         self.entries.get(slot as usize)
     }
 
-    /// `name`'s entry and its slot, if it has one; its lent state stays.
-    fn facts_in_place(&mut self, name: &str) -> Option<(u32, &mut NodeFacts)> {
+    /// The entry in `slot`, beside its node's name as the index keeps it.
+    fn facts_at<'i>(&'i self, name: &'i Name, slot: u32) -> Option<(&'i Name, &'i NodeFacts)> {
+        Some((name, self.entries.get(slot as usize)?))
+    }
+
+    /// `name`'s entry to change and its slot, if it has one; its lent state is emptied.
+    fn existing_facts_mut(&mut self, name: &str) -> Option<(u32, &mut NodeFacts)> {
         let slot = *self.slot_of.get(name)?;
+        self.forget_state(slot);
         Some((slot, self.entries.get_mut(slot as usize)?))
     }
 
@@ -317,7 +323,18 @@ impl Index {
     fn all_facts(&self) -> impl Iterator<Item = (&Name, &NodeFacts)> {
         self.slot_of
             .iter()
-            .filter_map(|(name, &slot)| Some((name, self.entries.get(slot as usize)?)))
+            .filter_map(|(name, &slot)| self.facts_at(name, slot))
+    }
+
+    /// Sets (or clears) the heartbeat of the entry in `slot`, and the copy of its time that
+    /// rankings read ([`Lent::heartbeat_at`]): the one writer of both.
+    fn set_heartbeat(&mut self, slot: u32, hb: Option<HeartbeatInfo>) {
+        if let Some(lent) = self.lent.get_mut(slot as usize) {
+            lent.heartbeat_at = hb.as_ref().map(|hb| hb.at);
+        }
+        if let Some(facts) = self.entries.get_mut(slot as usize) {
+            facts.heartbeat = hb;
+        }
     }
 
     /// The allocation API `node` uses for the unified resource, and why.
@@ -364,15 +381,11 @@ impl Index {
     /// pruned by [`crate::grpc::Ingest::forget_node`], which persists it).
     pub fn delete_node(&mut self, name: &str) {
         self.generation += 1;
-        if let Some((slot, facts)) = self.facts_in_place(name) {
+        if let Some((slot, facts)) = self.existing_facts_mut(name) {
             let had_info = facts.take_info();
-            facts.heartbeat = None;
             facts.device_health.clear();
             self.node_objects -= usize::from(had_info);
-            self.forget_state(slot);
-            if let Some(lent) = self.lent.get_mut(slot as usize) {
-                lent.heartbeat_at = None;
-            }
+            self.set_heartbeat(slot, None);
             self.prune(name);
         }
     }
@@ -499,9 +512,8 @@ impl Index {
     /// Forgets a pod's resource use; returns what it held.
     fn remove_pod(&mut self, key: &str) -> Option<Requests> {
         let (node, r) = self.pods.remove(key)?;
-        if let Some((slot, facts)) = self.facts_in_place(&node) {
+        if let Some((_, facts)) = self.existing_facts_mut(&node) {
             facts.used.sub(r);
-            self.forget_state(slot);
             self.prune(&node);
         }
         Some(r)
@@ -568,10 +580,7 @@ impl Index {
     pub fn heartbeat(&mut self, node: &str, hb: HeartbeatInfo) {
         // The lent state stays: it does not read the heartbeat (staleness is judged per call).
         let slot = self.slot(node);
-        if let Some(lent) = self.lent.get_mut(slot as usize) {
-            lent.heartbeat_at = Some(hb.at);
-        }
-        self.entries[slot as usize].heartbeat = Some(hb);
+        self.set_heartbeat(slot, Some(hb));
     }
 
     /// Feeds an accepted, stored run to the model, in `seq` order (at start, before the index

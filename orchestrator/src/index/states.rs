@@ -160,7 +160,7 @@ impl Index {
         assumed: &FastMap<String, Requests>,
         now: f64,
     ) -> Result<NodeRef<'i>, String> {
-        let facts = |(n, slot): (&'i Name, u32)| Some((n, self.entries.get(slot as usize)?));
+        let facts = |(n, slot): (&'i Name, u32)| self.facts_at(n, slot);
         let build = || {
             let facts = entry.and_then(facts);
             self.first_state(name, facts, exclusions, from_request, assumed, now)

@@ -579,7 +579,7 @@ fn lent_states_follow_every_write() {
                 let facts = idx
                     .slot_of
                     .get_key_value(n)
-                    .and_then(|(name, &slot)| Some((name, idx.entries.get(slot as usize)?)));
+                    .and_then(|(name, &slot)| idx.facts_at(name, slot));
                 idx.first_state(n, facts, Exclusions::Apply, &sent, &binds, now)
             })
             .collect();
