@@ -10,7 +10,9 @@
 //! through the shipped learner (refit on a copy, pointer swap) and the old way (every report
 //! refits under the index write lock), to show what learning costs the extender.
 //!
-//! Run: `cargo bench -p kudos-orchestrator --bench prioritize` (optional args: node counts).
+//! Run: `cargo bench -p kudos-orchestrator --bench prioritize` (optional args: node counts;
+//! `KUDOS_BENCH_MODEL_RUNS=N` first grows the model by N runs, for ingestion into a model of
+//! deployed size).
 
 // The integration tests' fixtures: the same index and extender wiring.
 #[path = "../tests/common/mod.rs"]
@@ -220,6 +222,13 @@ fn main() {
         filter_lat.sort();
         after_lat.sort();
         pairs.push((n, filter_lat, after_lat));
+        let grow = std::env::var("KUDOS_BENCH_MODEL_RUNS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if grow > 0 {
+            grow_model(&index, n, grow);
+        }
         for mode in [Ingest::InLock, Ingest::Learner] {
             let lat = while_ingesting(&rt, &index, mode, n, &mut conn, &req, calls);
             ingest_rows.push((n, mode, lat));
@@ -366,6 +375,53 @@ impl Ingest {
     }
 }
 
+/// Run `seq` of the ingestion: one of `INGEST_CLASSES` classes on one of `nodes` nodes.
+fn ingest_run(seq: u64, nodes: usize, idx: &SharedIndex) -> StoredRun {
+    let node = format!("node-{:05}", (seq * 7919) as usize % nodes);
+    StoredRun {
+        seq,
+        report_id: format!("i{seq}"),
+        run_id: format!("i{seq}"),
+        node: node.clone(),
+        pod_namespace: "bench".into(),
+        pod_name: format!("i{seq}"),
+        class: format!("class-{}", seq % INGEST_CLASSES),
+        device_ids: vec!["d".into()],
+        outcome: RunOutcome::Completed,
+        start: 1_700_000_000.0,
+        end: 1_700_000_300.0 + (seq % 17) as f64 * 30.0,
+        gpu_busy_seconds: 250.0,
+        progress: None,
+        work_done: None,
+        profile: idx.read().profile(&node),
+        received_at: 1_700_002_000.0 + seq as f64,
+    }
+}
+
+/// Learns `runs` ingestion runs into the served model before the ingestion phases, so they
+/// start from a model of deployed size (`KUDOS_BENCH_MODEL_RUNS`; the bounded model at 5,000
+/// nodes x 1,000 classes holds up to 32,768 node cells). Prints what it grew.
+fn grow_model(index: &SharedIndex, nodes: usize, runs: u64) {
+    let t = Instant::now();
+    let first = index.read().applied_seq() + 1;
+    for seq in first..first + runs {
+        let run = ingest_run(seq, nodes, index);
+        let _ = index.write().apply_run(&run);
+    }
+    let copy = Instant::now();
+    let model = index.read().model().as_ref().clone();
+    let copy = copy.elapsed();
+    let free = Instant::now();
+    drop(model);
+    println!(
+        "(model grown by {runs} runs over {INGEST_CLASSES} classes in {:.1} s: {} node cells; one copy {:.1} ms, freeing it {:.1} ms)",
+        t.elapsed().as_secs_f64(),
+        index.read().scheduler().state().node_cells(),
+        copy.as_secs_f64() * 1e3,
+        free.elapsed().as_secs_f64() * 1e3,
+    );
+}
+
 /// Prioritize latencies while runs arrive at `REPORTS_PER_SECOND` over `INGEST_CLASSES`
 /// classes, and how many runs the model had learned by the end. Both modes feed the served
 /// index, so the learner (measured second) starts from the larger model.
@@ -382,27 +438,7 @@ fn while_ingesting(
     let handle = rt.handle().clone();
     let first_seq = index.read().applied_seq() + 1;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let run = move |seq: u64, idx: &SharedIndex| {
-        let node = format!("node-{:05}", (seq * 7919) as usize % nodes);
-        StoredRun {
-            seq,
-            report_id: format!("i{seq}"),
-            run_id: format!("i{seq}"),
-            node: node.clone(),
-            pod_namespace: "bench".into(),
-            pod_name: format!("i{seq}"),
-            class: format!("class-{}", seq % INGEST_CLASSES),
-            device_ids: vec!["d".into()],
-            outcome: RunOutcome::Completed,
-            start: 1_700_000_000.0,
-            end: 1_700_000_300.0 + (seq % 17) as f64 * 30.0,
-            gpu_busy_seconds: 250.0,
-            progress: None,
-            work_done: None,
-            profile: idx.read().profile(&node),
-            received_at: 1_700_002_000.0 + seq as f64,
-        }
-    };
+    let run = move |seq: u64, idx: &SharedIndex| ingest_run(seq, nodes, idx);
     let period = Duration::from_micros(1_000_000 / REPORTS_PER_SECOND);
     let feeder = {
         let (stop, index) = (stop.clone(), index.clone());

@@ -214,7 +214,9 @@ impl Follower {
             tokio::task::spawn_blocking(move || scheduler_from(config, Some(&bytes))).await;
         match parsed {
             Ok(Ok(model)) => {
-                self.index.write().publish_model(Arc::new(model), seq);
+                let replaced = self.index.write().publish_model(Arc::new(model), seq);
+                // Freed after the lock is released (see `Index::publish_model`).
+                drop(tokio::task::spawn_blocking(move || drop(replaced)));
                 tracing::warn!(
                     snapshot_seq = seq,
                     after_seq = self.fed_seq,

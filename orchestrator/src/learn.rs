@@ -10,9 +10,11 @@
 //!   stored runs to the learner in `seq` order.
 //! - [`Learner`]: one task owns a working copy of the model. It learns a batch of runs on a
 //!   blocking thread (scheduler-core refits on every observation), copies the result and
-//!   publishes it with [`crate::index::Index::publish_model`], a pointer swap; while runs keep
-//!   arriving, copies are spaced by [`publish_gap`] (ten times the last copy's cost, at most
-//!   [`PUBLISH_EVERY`]), so copying a large model never dominates. No lock is held
+//!   publishes it with [`crate::index::Index::publish_model`], a pointer swap (the model it
+//!   replaced is freed on a blocking thread after the lock is released); while runs keep
+//!   arriving, copies are spaced by [`publish_gap`] ([`COPY_SHARE`] times the last copy's
+//!   cost, at most [`PUBLISH_EVERY`]), so neither copying a large model nor the rankings that
+//!   read a fresh copy from memory rather than cache dominate. No lock is held
 //!   while it learns, so `filter`/`prioritize` keep answering from the previous model, and
 //!   the work per report on the ingestion path is one channel send.
 //!
@@ -172,11 +174,16 @@ impl Learner {
 /// Longest time a learned run waits to be published while others keep arriving.
 pub const PUBLISH_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 /// A copy of the model costs as much as the model is big (32 ms for 30,000 (class, node)
-/// cells), so under a steady trickle of reports a copy per batch would cost more than the
-/// learning. After a copy that took `c`, the next waits until `COPY_SHARE × c` has passed (at most
-/// [`PUBLISH_EVERY`]): copying then takes at most about a tenth of the learner's time, and a small
-/// model is still published after every batch.
-pub const COPY_SHARE: u32 = 10;
+/// cells), and so does the first ranking after each publish, which reads the new copy from
+/// memory instead of cache: at 5,000 nodes that call took 1 to 4 ms against 1 ms, and with copies
+/// ten times their cost apart (every 60 ms for 5,300 cells) one call in about sixty paid it,
+/// which put the prioritize p99 while reports were learned at 2.3-2.4 ms against 1.4-1.5 ms
+/// refitting under the lock (`KUDOS_BENCH_MODEL_RUNS=30000` with the `prioritize` bench). After
+/// a copy that took `c`, the next waits until `COPY_SHARE × c` has passed (at most
+/// [`PUBLISH_EVERY`]): copying takes at most about a hundredth of the learner's time, a
+/// large model is published at most twice a second (p99 1.4 ms in the same bench), and a small
+/// one (a copy of microseconds) still after every batch.
+pub const COPY_SHARE: u32 = 100;
 
 /// How long after a publish the next may be, given what the last copy cost.
 pub fn publish_gap(last_copy: std::time::Duration) -> std::time::Duration {
@@ -425,11 +432,16 @@ async fn publish(
             );
         }
     };
-    let mut i = index.write();
-    i.publish_model(published, seq);
-    for (class, at, fb) in pending.third.drain(..) {
-        i.keep_third_queue(&class, at, &fb);
-    }
+    let replaced = {
+        let mut i = index.write();
+        let replaced = i.publish_model(published, seq);
+        for (class, at, fb) in pending.third.drain(..) {
+            i.keep_third_queue(&class, at, &fb);
+        }
+        replaced
+    };
+    // Freed off the lock and off the runtime's workers (see `Index::publish_model`).
+    drop(tokio::task::spawn_blocking(move || drop(replaced)));
     *last_publish = Some(tokio::time::Instant::now());
     metrics.model_publishes.inc();
     (working, took)

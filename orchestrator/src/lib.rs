@@ -274,7 +274,8 @@ pub fn restore(
     let snapshot_seq = loaded.model.as_ref().map_or(0, |(_, seq)| *seq);
     // The snapshot's model holds every run up to its seq.
     let model = idx.model();
-    idx.publish_model(model, snapshot_seq);
+    // The same model again (only the seq is new): nothing is freed.
+    drop(idx.publish_model(model, snapshot_seq));
     tracing::info!(
         known_reports = loaded.known_reports,
         snapshot_seq,

@@ -615,11 +615,14 @@ impl Index {
     }
 
     /// Replaces the model with one that includes every run up to `applied_seq`: a pointer
-    /// swap, so the write lock is held for nanoseconds however large the model is.
-    pub fn publish_model(&mut self, model: Arc<Scheduler>, applied_seq: u64) {
+    /// swap, so the write lock is held for nanoseconds however large the model is. Returns the
+    /// model it replaced, for the caller to drop after releasing the lock: freeing a model of
+    /// thousands of classes takes milliseconds, and every ranking would wait for it.
+    #[must_use = "drop the replaced model after the index lock is released"]
+    pub fn publish_model(&mut self, model: Arc<Scheduler>, applied_seq: u64) -> Arc<Scheduler> {
         self.generation += 1;
-        self.scheduler = model;
         self.applied_seq = self.applied_seq.max(applied_seq);
+        std::mem::replace(&mut self.scheduler, model)
     }
 
     /// The published model, to rank with after the lock is released or to copy for learning.

@@ -655,3 +655,25 @@ fn lent_states_follow_every_write() {
     idx.delete_node("n1");
     check(&idx, "n1 deleted", 0.0);
 }
+
+/// Publishing hands the replaced model back, held by nobody else, so the caller frees it after
+/// releasing the lock (freeing a large model under the write lock stalled every ranking).
+#[test]
+fn publishing_a_model_hands_back_the_one_it_replaced() {
+    let mut idx = mk_index();
+    let old = idx.model();
+    let g = idx.generation();
+    let new = Arc::new(Scheduler::new(SchedulerConfig::default()));
+    let replaced = idx.publish_model(new.clone(), 7);
+    drop(old);
+    assert_eq!(
+        Arc::strong_count(&replaced),
+        1,
+        "the index no longer holds the replaced model"
+    );
+    assert!(Arc::ptr_eq(&idx.model(), &new), "the new model is served");
+    assert!(idx.generation() > g, "rankings made before are stale");
+    assert_eq!(idx.applied_seq(), 7);
+    let _same = idx.publish_model(idx.model(), 3);
+    assert_eq!(idx.applied_seq(), 7, "the applied seq never goes back");
+}

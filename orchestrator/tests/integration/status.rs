@@ -41,7 +41,7 @@ async fn status_page_shows_the_learned_heatmap_placements_and_escapes_names() {
         };
         kudos_orchestrator::index::apply_run(&mut model, &run).expect("learned");
     }
-    index.write().publish_model(Arc::new(model), 3);
+    let _replaced = index.write().publish_model(Arc::new(model), 3);
     let app = mk_app(index);
     let pod = serde_json::json!({"Pod": pod_json("train-9", Some("resnet"), 1), "NodeNames": ["gpu-a", "gpu-b"]});
     let (s, _) = post(&app, "/kudos/v1/filter", serde_json::to_vec(&pod).unwrap()).await;
