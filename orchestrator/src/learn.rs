@@ -174,15 +174,15 @@ impl Learner {
 /// Longest time a learned run waits to be published while others keep arriving.
 pub const PUBLISH_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 /// A copy of the model costs as much as the model is big (32 ms for 30,000 (class, node)
-/// cells), and so does the first ranking after each publish, which reads the new copy from
-/// memory instead of cache: at 5,000 nodes that call took 1 to 4 ms against 1 ms, and with copies
-/// ten times their cost apart (every 60 ms for 5,300 cells) one call in about sixty paid it,
-/// which put the prioritize p99 while reports were learned at 2.3-2.4 ms against 1.4-1.5 ms
-/// refitting under the lock (`KUDOS_BENCH_MODEL_RUNS=30000` with the `prioritize` bench). After
-/// a copy that took `c`, the next waits until `COPY_SHARE × c` has passed (at most
-/// [`PUBLISH_EVERY`]): copying takes at most about a hundredth of the learner's time, a
-/// large model is published at most twice a second (p99 1.4 ms in the same bench), and a small
-/// one (a copy of microseconds) still after every batch.
+/// cells), and the first ranking after each publish reads the new copy from memory rather than
+/// cache. With copies ten times their cost apart (every 60 ms for 5,300 cells) the prioritize
+/// p99 at 5,000 nodes while reports were learned was 2.0-2.8 ms, against 1.4-1.5 ms refitting
+/// under the lock (`KUDOS_BENCH_MODEL_RUNS=30000` with the `prioritize` bench; the largest
+/// latencies, 3 to 5 ms, point at the fresh copy, not timed per call). After a copy that took
+/// `c`, the next waits until `COPY_SHARE × c` has passed (at most [`PUBLISH_EVERY`]): copying
+/// takes at most about a hundredth of the learner's time, a large model is published at most
+/// twice a second (p99 1.4-1.6 ms in the same bench), and a small one (a copy of microseconds)
+/// still after every batch.
 pub const COPY_SHARE: u32 = 100;
 
 /// How long after a publish the next may be, given what the last copy cost.
