@@ -145,7 +145,7 @@ fn main() {
         .build()
         .unwrap();
     println!(
-        "nodes  calls  p50_us  p99_us  max_us  calls_per_s  parse_p50_us  handler_p50_us  states_p50_us  states_binds_in_flight_us  rank_p50_us  response_bytes"
+        "nodes  calls  p50_us  p99_us  max_us  calls_per_s  parse_p50_us  handler_p50_us  handler_p99_us  states_p50_us  states_binds_in_flight_us  rank_p50_us  response_bytes"
     );
     let mut pairs = Vec::new();
     let mut concurrent = Vec::new();
@@ -296,13 +296,14 @@ fn main() {
             .collect();
         rank_lat.sort();
         println!(
-            "{n:>5}  {calls:>5}  {:>6}  {:>6}  {:>6}  {:>11.0}  {:>12}  {:>14}  {:>13}  {:>25}  {:>11}  {resp_len:>14}",
+            "{n:>5}  {calls:>5}  {:>6}  {:>6}  {:>6}  {:>11.0}  {:>12}  {:>14}  {:>14}  {:>13}  {:>25}  {:>11}  {resp_len:>14}",
             pct(&lat, 0.5).as_micros(),
             pct(&lat, 0.99).as_micros(),
             lat.last().unwrap().as_micros(),
             calls_per_s,
             pct(&parse_lat, 0.5).as_micros(),
             pct(&handler_lat, 0.5).as_micros(),
+            pct(&handler_lat, 0.99).as_micros(),
             states_p50.as_micros(),
             in_flight_p50.as_micros(),
             pct(&rank_lat, 0.5).as_micros(),
