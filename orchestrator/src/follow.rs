@@ -22,7 +22,7 @@
 
 use crate::http::Role;
 use crate::index::{SharedIndex, scheduler_from};
-use crate::learn::Learner;
+use crate::learn::{Learner, free_replaced};
 use crate::metrics::Metrics;
 use crate::state::StoredRun;
 use crate::store::Loaded;
@@ -215,8 +215,7 @@ impl Follower {
         match parsed {
             Ok(Ok(model)) => {
                 let replaced = self.index.write().publish_model(Arc::new(model), seq);
-                // Freed after the lock is released (see `Index::publish_model`).
-                drop(tokio::task::spawn_blocking(move || drop(replaced)));
+                free_replaced(replaced);
                 tracing::warn!(
                     snapshot_seq = seq,
                     after_seq = self.fed_seq,

@@ -440,11 +440,17 @@ async fn publish(
         }
         replaced
     };
-    // Freed off the lock and off the runtime's workers (see `Index::publish_model`).
-    drop(tokio::task::spawn_blocking(move || drop(replaced)));
+    free_replaced(replaced);
     *last_publish = Some(tokio::time::Instant::now());
     metrics.model_publishes.inc();
     (working, took)
+}
+
+/// Frees a model that [`crate::index::Index::publish_model`] replaced, on a blocking thread:
+/// called after the index lock is released, so neither the lock nor a runtime worker waits for
+/// it (milliseconds at thousands of classes). Needs a Tokio runtime.
+pub(crate) fn free_replaced(model: Arc<Scheduler>) {
+    drop(tokio::task::spawn_blocking(move || drop(model)));
 }
 
 fn log_feedback(run: &StoredRun, fb: Result<Option<Feedback>, String>) {
