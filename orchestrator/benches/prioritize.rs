@@ -445,7 +445,6 @@ fn while_ingesting(
     let handle = rt.handle().clone();
     let first_seq = index.read().applied_seq() + 1;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let run = move |seq: u64, idx: &SharedIndex| ingest_run(seq, nodes, idx);
     let period = Duration::from_micros(1_000_000 / REPORTS_PER_SECOND);
     let feeder = {
         let (stop, index) = (stop.clone(), index.clone());
@@ -462,7 +461,7 @@ fn while_ingesting(
                 std::thread::spawn(move || {
                     let mut seq = first_seq;
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        let r = run(seq, &index);
+                        let r = ingest_run(seq, nodes, &index);
                         // A full queue waits, as ingestion would.
                         handle.block_on(learner.learn(r));
                         seq += 1;
@@ -473,7 +472,7 @@ fn while_ingesting(
             Ingest::InLock => std::thread::spawn(move || {
                 let mut seq = first_seq;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let r = run(seq, &index);
+                    let r = ingest_run(seq, nodes, &index);
                     let _ = index.write().apply_run(&r);
                     seq += 1;
                     std::thread::sleep(period);
