@@ -26,6 +26,7 @@
 
 mod device;
 mod events;
+#[cfg(any(test, feature = "fake"))]
 pub mod fake;
 mod topology;
 

@@ -13,7 +13,8 @@
 //! ID served to the kubelet is found from its prefix alone.
 
 pub mod amd;
-pub mod fake;
+#[cfg(test)]
+pub(crate) mod fake;
 pub mod nvidia;
 pub mod static_file;
 
