@@ -11,7 +11,8 @@
 #   7. stored for real, the chart's RBAC lets kube-scheduler (chart's configuration) take its Lease
 #      and the orchestrator (chart's configuration) sync and become ready.
 # Step 5 needs the Kudos binaries (cargo build --bins, or KUDOS_BIN_DIR); steps 6-7 etcd,
-# kube-apiserver and kube-scheduler (e2e/build, or KUDOS_E2E_BIN_DIR). Without them they skip, or fail when
+# kube-apiserver and kube-scheduler (e2e/build, or KUDOS_E2E_BIN_DIR), which they run through
+# the test kit's kudos-e2e-up and kudos-e2e-kube-scheduler (cargo build -p kudos-e2e). Without them they skip, or fail when
 # KUDOS_E2E_REQUIRE=1. Helm is built by charts/build-helm (cached). Needs python3-yaml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,13 +28,14 @@ tmp=$(mktemp -d)
 pids=()
 opid=""
 cleanup() {
-  # Newest first (the apiserver before its etcd): an apiserver whose etcd is gone can hang on
-  # SIGTERM, so whatever is still alive after 10 s gets SIGKILL.
+  # Newest first (kube-scheduler before the control plane it talks to). The control plane
+  # (kudos-e2e-up) stops its kube-apiserver and etcd itself on SIGTERM, each with a bounded
+  # wait, so it gets 30 s before SIGKILL (which would leave them running).
   local all=($opid) i p
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do all+=("${pids[i]}"); done
   for p in "${all[@]}"; do
     kill "$p" 2>/dev/null || continue
-    for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    for _ in $(seq 1 300); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$p" 2>/dev/null || true
   done
   for p in "${all[@]}"; do wait "$p" 2>/dev/null || true; done
@@ -255,37 +257,40 @@ fi
 # kube-scheduler and the orchestrator run with their own service accounts' tokens, so the chart's
 # RBAC is shown to be enough: the scheduler takes its Lease with the chart's configuration, the
 # orchestrator syncs its watches and becomes ready, and neither logs a refused request.
-api() { curl -sf --cacert "$pki/ca.crt" -H "Authorization: Bearer $token" "$@"; }
+api() { curl -sf --cacert "$ca" -H "Authorization: Bearer $token" "$@"; }
 sa_kubeconfig() { # sa_kubeconfig <service account> <file>
   local sa_token
   sa_token=$(api -X POST -H 'Content-Type: application/json' \
     -d '{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{"expirationSeconds":3600}}' \
-    "https://127.0.0.1:$port/api/v1/namespaces/kudos-system/serviceaccounts/$1/token" \
+    "$server/api/v1/namespaces/kudos-system/serviceaccounts/$1/token" \
     | python3 -c 'import json, sys; print(json.load(sys.stdin)["status"]["token"])') || return 1
-  printf 'apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster: {server: "https://127.0.0.1:%s", certificate-authority: "%s"}\nusers:\n- name: %s\n  user: {token: "%s"}\ncontexts:\n- name: t\n  context: {cluster: t, user: %s}\ncurrent-context: t\n' \
-    "$port" "$pki/ca.crt" "$1" "$sa_token" "$1" > "$2"
+  printf 'apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster: {server: "%s", certificate-authority: "%s"}\nusers:\n- name: %s\n  user: {token: "%s"}\ncontexts:\n- name: t\n  context: {cluster: t, user: %s}\ncurrent-context: t\n' \
+    "$server" "$ca" "$1" "$sa_token" "$1" > "$2"
 }
 forbidden() { grep -i "forbidden" "$1" | head -3; }
 run_under_chart_rbac() {
   if ! out=$(apply --for-real "$d" 2>&1); then fail "storing the default rendering:"$'\n'"$out"; return; fi
-  if [[ -x $bin/kube-scheduler ]] && sa_kubeconfig kudos-scheduler "$tmp/scheduler.kubeconfig"; then
+  local sched_log=$tmp/scheduler/kube-scheduler.log
+  if [[ -x $bin/kube-scheduler && -x $bins/kudos-e2e-kube-scheduler ]] && sa_kubeconfig kudos-scheduler "$tmp/scheduler.kubeconfig"; then
     { tpl --show-only templates/scheduler-config.yaml | python3 -c 'import sys, yaml; print(yaml.safe_load(sys.stdin)["data"]["config.yaml"])' \
         | sed -e "s|/etc/kudos-scheduler-tls/tls\.|$tls/client.|" -e "s|/etc/kudos-scheduler-tls/ca\.crt|$tls/ca.crt|"
       printf 'clientConnection:\n  kubeconfig: %s\n' "$tmp/scheduler.kubeconfig"; } > "$tmp/scheduler.yaml"
-    "$bin/kube-scheduler" --config="$tmp/scheduler.yaml" --bind-address=127.0.0.1 --secure-port="$(free_port)" \
-      --cert-dir="$tmp/scheduler-certs" --authentication-kubeconfig="$tmp/scheduler.kubeconfig" \
-      --authorization-kubeconfig="$tmp/scheduler.kubeconfig" --v=2 >"$tmp/scheduler.log" 2>&1 &
-    pids+=($!)
+    # Run as the test kit runs kube-scheduler, with the chart's configuration.
+    "$bins/kudos-e2e-kube-scheduler" --config "$tmp/scheduler.yaml" --kubeconfig "$tmp/scheduler.kubeconfig" \
+      --dir "$tmp/scheduler" >"$tmp/scheduler-runner.log" 2>&1 &
+    local spid=$!
+    pids+=("$spid")
     local holder=""
     for _ in $(seq 1 240); do
-      holder=$(api "https://127.0.0.1:$port/apis/coordination.k8s.io/v1/namespaces/kudos-system/leases/kudos-scheduler" 2>/dev/null \
+      kill -0 "$spid" 2>/dev/null || break
+      holder=$(api "$server/apis/coordination.k8s.io/v1/namespaces/kudos-system/leases/kudos-scheduler" 2>/dev/null \
         | python3 -c 'import json, sys; print(json.load(sys.stdin)["spec"].get("holderIdentity", ""))' 2>/dev/null) && [[ -n $holder ]] && break
       sleep 0.5
     done
-    if [[ -n $holder ]]; then pass "kube-scheduler with the chart's config and RBAC holds Lease kudos-scheduler"; else fail "kube-scheduler never took Lease kudos-scheduler:"$'\n'"$(tail -15 "$tmp/scheduler.log")"; fi
-    if [[ -n $(forbidden "$tmp/scheduler.log") ]]; then fail "kube-scheduler refused by RBAC:"$'\n'"$(forbidden "$tmp/scheduler.log")"; else pass "kube-scheduler logs no refused request"; fi
+    if [[ -n $holder ]]; then pass "kube-scheduler with the chart's config and RBAC holds Lease kudos-scheduler"; else fail "kube-scheduler never took Lease kudos-scheduler:"$'\n'"$(head -n 1 "$tmp/scheduler-runner.log"; tail -n 15 "$sched_log" 2>&1)"; fi
+    if [[ -n $(forbidden "$sched_log") ]]; then fail "kube-scheduler refused by RBAC:"$'\n'"$(forbidden "$sched_log")"; else pass "kube-scheduler logs no refused request"; fi
   else
-    fail "kube-scheduler with the chart's RBAC: no $bin/kube-scheduler or no token for kudos-scheduler"
+    fail "kube-scheduler with the chart's RBAC: no $bin/kube-scheduler, no $bins/kudos-e2e-kube-scheduler or no token for kudos-scheduler"
   fi
   if [[ -x $bins/kudos-orchestrator ]] && sa_kubeconfig kudos-orchestrator "$tmp/orchestrator.kubeconfig"; then
     config_of > "$tmp/orchestrator.yaml"
@@ -294,7 +299,7 @@ run_under_chart_rbac() {
     # and labels that pod for the Service.
     api -X POST -H 'Content-Type: application/json' \
       -d '{"apiVersion":"v1","kind":"Pod","metadata":{"name":"kudos-orchestrator-chart-test"},"spec":{"serviceAccountName":"kudos-orchestrator","containers":[{"name":"o","image":"kudos/kudos-orchestrator"}]}}' \
-      "https://127.0.0.1:$port/api/v1/namespaces/kudos-system/pods" >/dev/null || fail "creating the orchestrator's stand-in Pod object"
+      "$server/api/v1/namespaces/kudos-system/pods" >/dev/null || fail "creating the orchestrator's stand-in Pod object"
     local hp; hp=$(free_port)
     POD_NAME=kudos-orchestrator-chart-test POD_NAMESPACE=kudos-system \
     "$bins/kudos-orchestrator" --config "$tmp/orchestrator.yaml" --kubeconfig "$tmp/orchestrator.kubeconfig" \
@@ -309,7 +314,7 @@ run_under_chart_rbac() {
     done
     if ((ready)); then pass "orchestrator with the chart's config and RBAC syncs Nodes and Pods and is ready"; else fail "orchestrator under the chart's RBAC not ready:"$'\n'"$(tail -15 "$tmp/orchestrator-rbac.log")"; fi
     local role
-    role=$(api "https://127.0.0.1:$port/api/v1/namespaces/kudos-system/pods/kudos-orchestrator-chart-test" \
+    role=$(api "$server/api/v1/namespaces/kudos-system/pods/kudos-orchestrator-chart-test" \
       | python3 -c 'import json, sys; print(json.load(sys.stdin)["metadata"].get("labels", {}).get("kudos.dev/role", ""))')
     if [[ $role == leader ]]; then pass "the orchestrator holds Lease kudos-orchestrator and labels its pod kudos.dev/role=leader under the chart's RBAC"; else fail "the orchestrator's pod is not labelled leader (label: '$role')"; fi
     if [[ -n $(forbidden "$tmp/orchestrator-rbac.log") ]]; then fail "orchestrator refused by RBAC:"$'\n'"$(forbidden "$tmp/orchestrator-rbac.log")"; else pass "orchestrator logs no refused request"; fi
@@ -331,52 +336,32 @@ run_under_chart_rbac() {
   fi
 }
 
-# --- 6. server-side dry-run on a real kube-apiserver
+# --- 6. server-side dry-run on a real kube-apiserver: the test kit's control plane (etcd and
+# kube-apiserver with RBAC, token and service-account authentication), run by kudos-e2e-up
 bin=${KUDOS_E2E_BIN_DIR:-e2e/_out/bin}
-if [[ ! -x $bin/kube-apiserver || ! -x $bin/etcd ]]; then
-  msg="no kube-apiserver/etcd in $bin (e2e/build, or set KUDOS_E2E_BIN_DIR)"
+if [[ ! -x $bin/kube-apiserver || ! -x $bin/etcd || ! -x $bins/kudos-e2e-up ]]; then
+  msg="no kube-apiserver/etcd in $bin (e2e/build, or set KUDOS_E2E_BIN_DIR) or no kudos-e2e-up in $bins (cargo build -p kudos-e2e)"
   if [[ ${KUDOS_E2E_REQUIRE:-} == 1 ]]; then fail "$msg"; else echo "skip  server-side dry-run: $msg"; fi
 elif ! python3 -c 'import yaml' 2>/dev/null; then
   fail "server-side dry-run needs python3 with PyYAML (apt-get install python3-yaml)"
 else
-  pki=$tmp/pki; mkdir -p "$pki"
-  (
-    cd "$pki"
-    openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 1 -subj /CN=chart-test-ca
-    openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=kube-apiserver
-    printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > san.cnf
-    openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 1 -extfile san.cnf
-    openssl genrsa -out sa.key 2048
-    openssl rsa -in sa.key -pubout -out sa.pub
-  ) >/dev/null 2>&1
-  token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-  echo "$token,chart-test-admin,1,\"system:masters\"" > "$tmp/tokens.csv"
-  ec=$(free_port) ep=$(free_port) port=$(free_port)
-  "$bin/etcd" --name=t --data-dir="$tmp/etcd" --listen-client-urls=http://127.0.0.1:$ec \
-    --advertise-client-urls=http://127.0.0.1:$ec --listen-peer-urls=http://127.0.0.1:$ep \
-    --initial-advertise-peer-urls=http://127.0.0.1:$ep --initial-cluster=t=http://127.0.0.1:$ep \
-    --unsafe-no-fsync=true --log-level=warn >"$tmp/etcd.log" 2>&1 &
-  pids+=($!)
-  "$bin/kube-apiserver" --etcd-servers=http://127.0.0.1:$ec --bind-address=127.0.0.1 \
-    --advertise-address=127.0.0.1 --secure-port=$port --cert-dir="$tmp/apiserver-certs" \
-    --tls-cert-file="$pki/server.crt" --tls-private-key-file="$pki/server.key" \
-    --client-ca-file="$pki/ca.crt" --token-auth-file="$tmp/tokens.csv" --authorization-mode=RBAC \
-    --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
-    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
-    --service-cluster-ip-range=10.0.0.0/24 --profiling=false \
-    --endpoint-reconciler-type=none >"$tmp/apiserver.log" 2>&1 &
-  apid=$!
-  pids+=("$apid")
+  KUDOS_E2E_WORK_DIR=$tmp/work "$bins/kudos-e2e-up" --nodes 0 --no-scheduler --env-file "$tmp/cluster.env" \
+    >"$tmp/control-plane.log" 2>&1 &
+  upid=$!
+  pids+=("$upid")
   ready=0
   for _ in $(seq 1 240); do
-    kill -0 "$apid" 2>/dev/null || break
-    if curl -sf --cacert "$pki/ca.crt" -H "Authorization: Bearer $token" "https://127.0.0.1:$port/readyz" >/dev/null 2>&1; then ready=1; break; fi
+    if [[ -f $tmp/cluster.env ]]; then ready=1; break; fi
+    kill -0 "$upid" 2>/dev/null || break
     sleep 0.5
   done
   if ((ready == 0)); then
-    fail "kube-apiserver exited or not ready in 120 s:"$'\n'"$(tail -20 "$tmp/apiserver.log")"
+    fail "control plane (kudos-e2e-up) exited or not ready in 120 s:"$'\n'"$(tail -n 20 "$tmp/control-plane.log" "$tmp"/work/*/kube-apiserver.log 2>&1)"
   else
-    apply() { python3 charts/dry-run-apply.py --server "https://127.0.0.1:$port" --token "$token" --ca "$pki/ca.crt" "$@"; }
+    # shellcheck source=/dev/null # written by kudos-e2e-up: KUDOS_UP_SERVER, _CA, _TOKEN
+    source "$tmp/cluster.env"
+    server=$KUDOS_UP_SERVER ca=$KUDOS_UP_CA token=$KUDOS_UP_TOKEN
+    apply() { python3 charts/dry-run-apply.py --server "$server" --token "$token" --ca "$ca" "$@"; }
     # Defaults (hooks included), the custom values, and deploy/ as `kubectl apply` users get it.
     tpl -f "$tmp/custom.yaml" --set tls.mode=selfSigned > "$tmp/custom-selfsigned.yaml"
     for f in "$d" "$tmp/custom-selfsigned.yaml" deploy/manifests/00-namespace.yaml deploy/manifests/10-kudos.yaml; do

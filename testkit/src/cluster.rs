@@ -242,6 +242,22 @@ pub fn scheduler_config(
     s
 }
 
+/// kube-scheduler with `config`, serving on a free loopback port with its certificates in
+/// `cert_dir`, authenticating and authorizing its own callers through `kubeconfig`.
+pub fn kube_scheduler_command(config: &Path, kubeconfig: &Path, cert_dir: &Path) -> Command {
+    let mut cmd = Command::new(upstream_bin("kube-scheduler"));
+    cmd.args([
+        format!("--config={}", config.display()),
+        "--bind-address=127.0.0.1".into(),
+        format!("--secure-port={}", free_port()),
+        format!("--cert-dir={}", cert_dir.display()),
+        format!("--authentication-kubeconfig={}", kubeconfig.display()),
+        format!("--authorization-kubeconfig={}", kubeconfig.display()),
+        "--v=2".into(),
+    ]);
+    cmd
+}
+
 impl ControlPlane {
     /// For a test: a run directory named `test` and a control plane started in it; `None` when
     /// a binary it needs (`opts.bins()`, then `extra`) is missing, the test returning after the
@@ -426,20 +442,9 @@ impl ControlPlane {
             &cfg,
             scheduler_config(&self.kubeconfig, qps, extender, scheduler_name),
         )?;
-        let mut cmd = Command::new(upstream_bin("kube-scheduler"));
+        let certs = self.dir.join(format!("{proc_name}-certs"));
+        let mut cmd = kube_scheduler_command(&cfg, &self.kubeconfig, &certs);
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
-        cmd.args([
-            format!("--config={}", cfg.display()),
-            "--bind-address=127.0.0.1".into(),
-            format!("--secure-port={}", free_port()),
-            format!(
-                "--cert-dir={}",
-                self.dir.join(format!("{proc_name}-certs")).display()
-            ),
-            format!("--authentication-kubeconfig={}", self.kubeconfig.display()),
-            format!("--authorization-kubeconfig={}", self.kubeconfig.display()),
-            "--v=2".into(),
-        ]);
         let log = self.dir.join(format!("{proc_name}.log"));
         let p = Proc::spawn(&proc_name, cmd, &log)?;
         self.procs.push(p);
@@ -456,6 +461,11 @@ impl ControlPlane {
                 self.dir.join(format!("kube-scheduler-{}.log", p.pid())),
             );
         }
+    }
+
+    /// The CA certificate the API server's serving certificate chains to.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.join("pki").join("ca.crt")
     }
 
     /// `(name, pid)` of every running control-plane process.
