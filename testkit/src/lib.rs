@@ -2,8 +2,9 @@
 //! upstream Kubernetes components on loopback (etcd, kube-apiserver with static-token auth and
 //! generated certificates, kube-scheduler optionally wired to the Kudos extender, and
 //! `kubelet-dm`, the kubelet's own device manager and PodResources server from
-//! `e2e/cmd/kubelet-dm`), `kudos-orchestrator`, Debian's `docker-registry` (read back with
-//! `skopeo`) and `promtool`; and the fakes several crates share (an in-process
+//! `e2e/cmd/kubelet-dm`), real nodes ([`realnode`]: kube-controller-manager and fenced kubelets,
+//! each with its own containerd and runc), `kudos-orchestrator`, Debian's `docker-registry` (read
+//! back with `skopeo`) and `promtool`; and the fakes several crates share (an in-process
 //! `TelemetryService` receiver standing in for the orchestrator).
 //!
 //! A dev-dependency only (ripgrep's `tests/util.rs`, linkerd2's `policy-test`): no production
@@ -32,6 +33,7 @@ pub mod paths;
 pub mod pki;
 pub mod proc;
 pub mod promtool;
+pub mod realnode;
 pub mod registry;
 pub mod telemetry_receiver;
 

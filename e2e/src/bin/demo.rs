@@ -2,7 +2,7 @@
 //! through `scripts/demo`, which builds what it needs first).
 //!
 //! It brings up real kubelets with containerd and runc (node a: 4 fake V100s, node b: 4 fake
-//! T4s, see `e2e/src/realnode`), installs Kudos with `helm install`, runs a workload of two
+//! T4s, see `testkit/src/realnode`), installs Kudos with `helm install`, runs a workload of two
 //! job classes (X fastest on the V100s, Y on the T4s) and prints how placement improved as
 //! Kudos learned, window by window, with the predictions it learned. Then it uninstalls Kudos,
 //! tears the cluster down and checks the host is exactly as it was (exit code 1 if not).
