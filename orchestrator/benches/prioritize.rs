@@ -81,13 +81,28 @@ fn connect(addr: std::net::SocketAddr) -> BufReader<std::net::TcpStream> {
     BufReader::new(stream)
 }
 
-/// `calls` calls one at a time after a tenth as many to warm up: sorted latencies, calls/s and
-/// the answer's length.
+/// Calls per window of [`window_means`].
+const WINDOW: usize = 40;
+
+/// The mean latency of each run of [`WINDOW`] consecutive calls, quietest and busiest: on a
+/// shared 2-core machine a p99 can be set by slow phases that last hundreds of calls rather than
+/// by the code's own tail, and the two show which.
+fn window_means(in_order: &[Duration]) -> (Duration, Duration) {
+    let means = in_order
+        .chunks_exact(WINDOW)
+        .map(|w| w.iter().sum::<Duration>() / WINDOW as u32);
+    means.fold((Duration::MAX, Duration::ZERO), |(lo, hi), m| {
+        (lo.min(m), hi.max(m))
+    })
+}
+
+/// `calls` calls one at a time after a tenth as many to warm up: sorted latencies, calls/s, the
+/// answer's length and [`window_means`].
 fn one_at_a_time(
     conn: &mut BufReader<std::net::TcpStream>,
     req: &[u8],
     calls: usize,
-) -> (Vec<Duration>, f64, usize) {
+) -> (Vec<Duration>, f64, usize, (Duration, Duration)) {
     let mut resp_len = 0;
     for _ in 0..calls / 10 {
         resp_len = call(conn, req);
@@ -100,8 +115,9 @@ fn one_at_a_time(
         lat.push(t.elapsed());
     }
     let rate = calls as f64 / t0.elapsed().as_secs_f64();
+    let windows = window_means(&lat);
     lat.sort();
-    (lat, rate, resp_len)
+    (lat, rate, resp_len, windows)
 }
 
 /// Calls/s for `calls` calls from two connections at once (two schedulers, or replicas sharing
@@ -145,7 +161,7 @@ fn main() {
         .build()
         .unwrap();
     println!(
-        "nodes  calls  p50_us  p99_us  max_us  calls_per_s  parse_p50_us  handler_p50_us  handler_p99_us  states_p50_us  states_binds_in_flight_us  rank_p50_us  response_bytes"
+        "nodes  calls  p50_us  p99_us  max_us  quietest_40_mean_us  busiest_40_mean_us  calls_per_s  parse_p50_us  handler_p50_us  handler_p99_us  states_p50_us  states_binds_in_flight_us  rank_p50_us  response_bytes"
     );
     let mut pairs = Vec::new();
     let mut concurrent = Vec::new();
@@ -191,12 +207,12 @@ fn main() {
         let req = http_request(&payload);
         let mut conn = connect(addr);
         let calls = if n <= 1000 { 3000 } else { 800 };
-        let (lat, calls_per_s, resp_len) = one_at_a_time(&mut conn, &req, calls);
+        let (lat, calls_per_s, resp_len, windows) = one_at_a_time(&mut conn, &req, calls);
         // The floor: the same names for a pod without devices, which the extender answers
         // without ranking. No extender answering a score per node over this HTTP stack and
         // JSON does better, so it bounds what ranking can reach.
         let floor_req = http_request(&body_without_devices(n));
-        let (floor_lat, floor_rate, _) = one_at_a_time(&mut conn, &floor_req, calls);
+        let (floor_lat, floor_rate, _, _) = one_at_a_time(&mut conn, &floor_req, calls);
         floors.push((
             n,
             floor_lat,
@@ -296,10 +312,12 @@ fn main() {
             .collect();
         rank_lat.sort();
         println!(
-            "{n:>5}  {calls:>5}  {:>6}  {:>6}  {:>6}  {:>11.0}  {:>12}  {:>14}  {:>14}  {:>13}  {:>25}  {:>11}  {resp_len:>14}",
+            "{n:>5}  {calls:>5}  {:>6}  {:>6}  {:>6}  {:>19}  {:>18}  {:>11.0}  {:>12}  {:>14}  {:>14}  {:>13}  {:>25}  {:>11}  {resp_len:>14}",
             pct(&lat, 0.5).as_micros(),
             pct(&lat, 0.99).as_micros(),
             lat.last().unwrap().as_micros(),
+            windows.0.as_micros(),
+            windows.1.as_micros(),
             calls_per_s,
             pct(&parse_lat, 0.5).as_micros(),
             pct(&handler_lat, 0.5).as_micros(),
