@@ -31,6 +31,8 @@
 //!   score against the class reference), best first. The first queue reads the same state, so the
 //!   next ranking of the class already includes them.
 
+use std::sync::Arc;
+
 use thiserror::Error;
 
 use crate::config::SchedulerConfig;
@@ -226,7 +228,7 @@ fn withdraw(state: &mut ModelState, entry: &RunEntry) {
         if let Some(cell) = class.cells.get_mut(&entry.profile_key) {
             cell.window.remove_run(entry.id);
         }
-        if let Some(node) = class.nodes.get_mut(&entry.node) {
+        if let Some(node) = Arc::make_mut(&mut class.nodes).get_mut(&entry.node) {
             node.window.remove_run(entry.id);
         }
     }
@@ -325,8 +327,7 @@ pub fn observe_run(
         })
         .window
         .push(obs.clone(), window);
-    let cell = class
-        .nodes
+    let cell = Arc::make_mut(&mut class.nodes)
         .entry(run.node.clone())
         .or_insert_with(|| NodeCell {
             profile_key: key.clone(),
@@ -375,20 +376,20 @@ pub fn observe_run(
     }
     let mut touched: Vec<String> = Vec::new();
     if moved {
-        for (name, cell) in &mut class.nodes {
+        for (name, cell) in Arc::make_mut(&mut class.nodes).iter_mut() {
             rejudge(cell, ln_ref, now, half_life);
             touched.push(name.clone());
         }
     } else if let Some(name) = replaced_node {
         for n in [name, run.node.clone()] {
-            if let Some(cell) = class.nodes.get_mut(&n)
+            if let Some(cell) = Arc::make_mut(&mut class.nodes).get_mut(&n)
                 && !touched.contains(&n)
             {
                 rejudge(cell, ln_ref, now, half_life);
                 touched.push(n);
             }
         }
-    } else if let Some(cell) = class.nodes.get_mut(&run.node) {
+    } else if let Some(cell) = Arc::make_mut(&mut class.nodes).get_mut(&run.node) {
         let d = decay(now - cell.t_ref, half_life);
         cell.good *= d;
         cell.bad *= d;

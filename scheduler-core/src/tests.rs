@@ -564,3 +564,38 @@ fn rejection_kinds_are_listed_once_in_declaration_order() {
     names.dedup();
     assert_eq!(names.len(), RejectionKind::ALL.len());
 }
+
+/// The learner publishes a copy of the model after each batch: the copy shares every class's
+/// node cells, learning a run afterwards copies only that class's, and the published copy keeps
+/// what it had. Stored state reads and writes as before (the shared map is plain JSON).
+#[test]
+fn a_published_copy_shares_node_cells_until_its_class_learns() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    let mut end = 1.0e6;
+    for class in ["a", "b", "c"] {
+        for n in 0..4 {
+            end += 10.0;
+            s.observe(&run(&format!("n{n}"), "V100", class, 300.0, end), end)
+                .unwrap();
+        }
+    }
+    let published = s.clone();
+    let shared = |a: &Scheduler, b: &Scheduler, class: &str| {
+        std::sync::Arc::ptr_eq(&a.state.classes[class].nodes, &b.state.classes[class].nodes)
+    };
+    assert!(["a", "b", "c"].iter().all(|c| shared(&s, &published, c)));
+    end += 10.0;
+    s.observe(&run("n9", "V100", "b", 300.0, end), end).unwrap();
+    assert!(shared(&s, &published, "a") && shared(&s, &published, "c"));
+    assert!(
+        !shared(&s, &published, "b"),
+        "the class that learned has its own cells"
+    );
+    assert_eq!(published.state.classes["b"].nodes.len(), 4);
+    assert_eq!(s.state.classes["b"].nodes.len(), 5);
+
+    let json = serde_json::to_value(&s.state).unwrap();
+    assert!(json["classes"]["b"]["nodes"]["n9"].is_object(), "{json}");
+    let back: ModelState = serde_json::from_value(json).unwrap();
+    assert_eq!(back, s.state);
+}
