@@ -295,23 +295,6 @@ impl NodeCell {
 /// A class's cells per node, by node name.
 pub(crate) type NodeCells = HashMap<String, NodeCell, BuildHasherDefault<NameHasher>>;
 
-/// Serde for an `Arc<T>` field as the `T` it holds, so stored state reads as it was written
-/// before the field was shared.
-mod shared {
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-    use std::sync::Arc;
-
-    pub fn serialize<T: Serialize, S: Serializer>(v: &Arc<T>, s: S) -> Result<S::Ok, S::Error> {
-        T::serialize(v, s)
-    }
-
-    pub fn deserialize<'de, T: Deserialize<'de>, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<Arc<T>, D::Error> {
-        T::deserialize(d).map(Arc::new)
-    }
-}
-
 /// Everything learned about one class.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct ClassState {
@@ -321,8 +304,8 @@ pub(crate) struct ClassState {
     pub cells: BTreeMap<String, Cell>,
     /// Per-node cells, shared between copies of the model until one of them changes them: the
     /// learner publishes a copy of the whole model, and these are most of it (about half of one
-    /// copy's time at 31,000 cells), while one batch of runs touches few classes.
-    #[serde(with = "shared")]
+    /// copy's time at 31,000 cells), while one batch of runs touches few classes. Serialised
+    /// as the map it holds (serde's `rc`), so stored state reads as before.
     pub nodes: Arc<NodeCells>,
     /// Fastest known per-unit log time over the class's profiles (the actual-review reference).
     pub best: Option<f64>,
@@ -421,25 +404,21 @@ impl ModelState {
         // All cells older than the cut go, and as many as needed of those observed at it.
         let older = times.iter().filter(|t| **t < cut).count();
         let mut at_cut = remove - older;
+        let goes = |cell: &NodeCell, at_cut: usize| {
+            let t = cell.last_seen();
+            t < cut || (t == cut && at_cut > 0)
+        };
         for class in self.classes.values_mut() {
             // Only classes that lose a cell are unshared from the published copy.
-            let loses = class.nodes.values().any(|cell| {
-                let t = cell.last_seen();
-                t < cut || (t == cut && at_cut > 0)
-            });
-            if !loses {
+            if !class.nodes.values().any(|cell| goes(cell, at_cut)) {
                 continue;
             }
             Arc::make_mut(&mut class.nodes).retain(|_, cell| {
-                let t = cell.last_seen();
-                if t < cut {
-                    return false;
-                }
-                if t == cut && at_cut > 0 {
+                let gone = goes(cell, at_cut);
+                if gone && cell.last_seen() == cut {
                     at_cut -= 1;
-                    return false;
                 }
-                true
+                !gone
             });
         }
     }
