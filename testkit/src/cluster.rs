@@ -242,6 +242,13 @@ pub fn scheduler_config(
     s
 }
 
+/// Where [`ControlPlane::start`] writes the CA, the API server's certificate and key and the
+/// service-account keys (`ca.crt`, `server.crt`, `server.key`, `sa.key`, `sa.pub`) for a control
+/// plane run in `run_dir`.
+pub fn pki_dir(run_dir: &Path) -> PathBuf {
+    run_dir.join("pki")
+}
+
 /// kube-scheduler with `config`, serving on a free loopback port with its certificates in
 /// `cert_dir`, authenticating and authorizing its own callers through `kubeconfig`.
 pub fn kube_scheduler_command(config: &Path, kubeconfig: &Path, cert_dir: &Path) -> Command {
@@ -279,7 +286,7 @@ impl ControlPlane {
     /// the API server is ready, and creates the `default` ServiceAccount.
     pub async fn start(run: &RunDir, opts: ControlPlaneOptions) -> Result<Self> {
         let dir = run.path().to_path_buf();
-        let certs = dir.join("pki");
+        let certs = pki_dir(&dir);
         make_certs(&certs)?;
 
         // etcd
@@ -465,7 +472,7 @@ impl ControlPlane {
 
     /// The CA certificate the API server's serving certificate chains to.
     pub fn ca_file(&self) -> PathBuf {
-        self.dir.join("pki").join("ca.crt")
+        pki_dir(&self.dir).join("ca.crt")
     }
 
     /// `(name, pid)` of every running control-plane process.

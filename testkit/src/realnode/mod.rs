@@ -92,7 +92,7 @@ impl RealCluster {
                 }
             })
             .collect();
-        let pki = run.join("pki");
+        let pki = crate::cluster::pki_dir(run.path());
         let c = |f: &str| pki.join(f).display().to_string();
         let cp = ControlPlane::start(
             run,
@@ -153,7 +153,7 @@ impl RealCluster {
         for spec in specs {
             let node_env = NodeEnv {
                 marker: marker.clone(),
-                ca_cert: pki.join("ca.crt"),
+                ca_cert: cluster.cp.ca_file(),
                 server: cluster.cp.server.clone(),
                 images: opts.images.clone(),
                 pause_image: PAUSE_IMAGE.into(),
