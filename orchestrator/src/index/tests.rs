@@ -677,3 +677,60 @@ fn publishing_a_model_hands_back_the_one_it_replaced() {
     let _same = idx.publish_model(idx.model(), 3);
     assert_eq!(idx.applied_seq(), 7, "the applied seq never goes back");
 }
+
+/// Per name asked: the node whose state it got (`None`: none), as the extender reads them.
+fn answered(idx: &Index, names: &[&str]) -> Vec<Option<String>> {
+    let got = ask(idx, names.iter().copied(), 0.0);
+    got.of_name
+        .iter()
+        .map(|s| s.map(|i| got.states[i as usize].name.to_string()))
+        .collect()
+}
+
+/// kube-scheduler sends the same list for pod after pod, which the index resolves from the last
+/// list it kept (`resolved`): every answer must be what looking each name up gives, whether the
+/// list is the same, differs from some position on, is shorter or longer, repeats a name, or
+/// comes after a node left and another took its slot.
+#[test]
+fn a_list_sent_again_resolves_as_looking_each_name_up_does() {
+    let mut idx = mk_index();
+    let node = |n: &str| node_info(&mk_node(n, 1, true), GPU);
+    idx.reset_nodes(["n0", "n1", "n2", "n3"].map(node).to_vec());
+    let expected = |idx: &Index, names: &[&str]| -> Vec<Option<String>> {
+        let looked_up = names
+            .iter()
+            .map(|n| idx.slot_of.contains_key(*n).then(|| n.to_string()));
+        looked_up.collect()
+    };
+    let all: &[&str] = &["n0", "n1", "n2", "n3"];
+    let lists: [&[&str]; 7] = [
+        all,
+        all,
+        &["n0", "n1", "x", "n3"],
+        &["n0", "n1"],
+        &["n0", "n1", "n2", "n3", "n1"],
+        &["n3", "n2", "n1", "n0"],
+        all,
+    ];
+    for names in lists {
+        assert_eq!(answered(&idx, names), expected(&idx, names), "{names:?}");
+    }
+    // n1 leaves and n5 takes its slot: the list kept must not give n1 the slot now n5's.
+    idx.delete_node("n1");
+    idx.apply_node(node("n5"));
+    assert_eq!(
+        answered(&idx, all),
+        [Some("n0"), None, Some("n2"), Some("n3")].map(|n| n.map(str::to_owned))
+    );
+    let with_new = &["n0", "n5", "n2", "n3"];
+    assert_eq!(answered(&idx, with_new), expected(&idx, with_new));
+    assert_eq!(answered(&idx, with_new), expected(&idx, with_new));
+    // An unknown name that becomes known.
+    let with_x: &[&str] = &["n0", "x"];
+    assert_eq!(answered(&idx, with_x), [Some("n0".to_owned()), None]);
+    idx.apply_node(node("x"));
+    assert_eq!(
+        answered(&idx, with_x),
+        [Some("n0".to_owned()), Some("x".to_owned())]
+    );
+}
