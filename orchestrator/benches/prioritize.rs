@@ -1,6 +1,9 @@
 //! `/prioritize` latency and throughput through the real HTTP stack (TCP, hyper, axum, JSON,
 //! index, scheduler-core `rank`), with 1,000 and 5,000 `NodeNames`, as kube-scheduler calls
-//! it: one call at a time on a keep-alive connection, then from two connections at once (what
+//! it: the names in another order from one call to the next (16 orders in turn: its parallel
+//! filter sends the feasible nodes in the order its workers finished them; until 2026-12-06 the
+//! bench sent one order, which a cache keyed by order could exploit and kube-scheduler does not
+//! allow), one call at a time on a keep-alive connection, then from two connections at once (what
 //! two cores serve). Also times `rank` alone, to show where the time goes, and the floor: the
 //! same call for a pod without devices, answered without ranking (what any extender pays here
 //! to read the names and answer a score for each). Prints p50/p99 and calls/s; the goal is
@@ -20,7 +23,7 @@ mod common;
 mod fixture;
 
 use common::mk_extender;
-use fixture::{body, body_without_devices, index};
+use fixture::{body_in_order, body_without_devices, index, shuffled};
 use kudos_orchestrator::extender::types::ExtenderArgs;
 use kudos_orchestrator::fasthash::FastMap;
 use kudos_orchestrator::http::{HttpLimits, HttpState, router};
@@ -100,18 +103,18 @@ fn window_means(in_order: &[Duration]) -> (Duration, Duration) {
 /// answer's length and [`window_means`].
 fn one_at_a_time(
     conn: &mut BufReader<std::net::TcpStream>,
-    req: &[u8],
+    reqs: &[Vec<u8>],
     calls: usize,
 ) -> (Vec<Duration>, f64, usize, (Duration, Duration)) {
     let mut resp_len = 0;
-    for _ in 0..calls / 10 {
-        resp_len = call(conn, req);
+    for i in 0..calls / 10 {
+        resp_len = call(conn, nth(reqs, i));
     }
     let mut lat = Vec::with_capacity(calls);
     let t0 = Instant::now();
-    for _ in 0..calls {
+    for i in 0..calls {
         let t = Instant::now();
-        call(conn, req);
+        call(conn, nth(reqs, i));
         lat.push(t.elapsed());
     }
     let rate = calls as f64 / t0.elapsed().as_secs_f64();
@@ -122,15 +125,15 @@ fn one_at_a_time(
 
 /// Calls/s for `calls` calls from two connections at once (two schedulers, or replicas sharing
 /// one orchestrator): what two cores serve, client threads included.
-fn two_connections(addr: std::net::SocketAddr, req: &[u8], calls: usize) -> f64 {
+fn two_connections(addr: std::net::SocketAddr, reqs: &[Vec<u8>], calls: usize) -> f64 {
     let both = Instant::now();
     let done: usize = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..2)
             .map(|_| {
                 scope.spawn(move || {
                     let mut conn = connect(addr);
-                    for _ in 0..calls / 2 {
-                        call(&mut conn, req);
+                    for i in 0..calls / 2 {
+                        call(&mut conn, nth(reqs, i));
                     }
                     calls / 2
                 })
@@ -140,6 +143,16 @@ fn two_connections(addr: std::net::SocketAddr, req: &[u8], calls: usize) -> f64 
     });
     done as f64 / both.elapsed().as_secs_f64()
 }
+
+/// Call `i`'s request: the requests in turn.
+fn nth(reqs: &[Vec<u8>], i: usize) -> &[u8] {
+    &reqs[i % reqs.len()]
+}
+
+/// Orders of the names per call: kube-scheduler sends the feasible nodes in the order its
+/// parallel filter finished them, so one pod's list is another's in a different order. Calls
+/// take these in turn.
+const ORDERS: u64 = 16;
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
@@ -190,13 +203,14 @@ fn main() {
         let addr = listener.local_addr().unwrap();
         rt.spawn(async move { axum::serve(listener, app).await });
 
-        let payload = body(n);
+        let orders: Vec<Vec<usize>> = (0..ORDERS).map(|s| shuffled(n, s)).collect();
+        let payloads: Vec<Vec<u8>> = orders.iter().map(|o| body_in_order(o)).collect();
         // In-process phases: JSON parse alone, and the handler (parse excluded).
         let mut parse_lat = Vec::new();
         let mut handler_lat = Vec::new();
-        for _ in 0..200 {
+        for i in 0..200 {
             let t = Instant::now();
-            let args: ExtenderArgs = serde_json::from_slice(&payload).unwrap();
+            let args: ExtenderArgs = serde_json::from_slice(nth(&payloads, i)).unwrap();
             parse_lat.push(t.elapsed());
             let t = Instant::now();
             std::hint::black_box(extender.prioritize(args).unwrap());
@@ -204,14 +218,14 @@ fn main() {
         }
         parse_lat.sort();
         handler_lat.sort();
-        let req = http_request(&payload);
+        let reqs: Vec<Vec<u8>> = payloads.iter().map(|p| http_request(p)).collect();
         let mut conn = connect(addr);
         let calls = if n <= 1000 { 3000 } else { 800 };
-        let (lat, calls_per_s, resp_len, windows) = one_at_a_time(&mut conn, &req, calls);
+        let (lat, calls_per_s, resp_len, windows) = one_at_a_time(&mut conn, &reqs, calls);
         // The floor: the same names for a pod without devices, which the extender answers
         // without ranking. No extender answering a score per node over this HTTP stack and
         // JSON does better, so it bounds what ranking can reach.
-        let floor_req = http_request(&body_without_devices(n));
+        let floor_req = [http_request(&body_without_devices(n))];
         let (floor_lat, floor_rate, _, _) = one_at_a_time(&mut conn, &floor_req, calls);
         floors.push((
             n,
@@ -219,20 +233,26 @@ fn main() {
             floor_rate,
             two_connections(addr, &floor_req, calls),
         ));
-        concurrent.push((n, two_connections(addr, &req, calls)));
+        concurrent.push((n, two_connections(addr, &reqs, calls)));
         // kube-scheduler's real sequence: filter, then prioritize on the nodes that passed
         // (all of them here), which reuses the filter's ranking.
-        let mut freq = req.clone();
-        let at = freq.windows(11).position(|w| w == b"/prioritize").unwrap();
-        freq.splice(at..at + 11, b"/filter".iter().copied());
+        let freqs: Vec<Vec<u8>> = reqs
+            .iter()
+            .map(|req| {
+                let mut freq = req.clone();
+                let at = freq.windows(11).position(|w| w == b"/prioritize").unwrap();
+                freq.splice(at..at + 11, b"/filter".iter().copied());
+                freq
+            })
+            .collect();
         let mut filter_lat = Vec::new();
         let mut after_lat = Vec::new();
-        for _ in 0..calls / 2 {
+        for i in 0..calls / 2 {
             let t = Instant::now();
-            call_any(&mut conn, &freq);
+            call_any(&mut conn, nth(&freqs, i));
             filter_lat.push(t.elapsed());
             let t = Instant::now();
-            call(&mut conn, &req);
+            call(&mut conn, nth(&reqs, i));
             after_lat.push(t.elapsed());
         }
         filter_lat.sort();
@@ -246,30 +266,34 @@ fn main() {
             grow_model(&index, n, grow);
         }
         for mode in [Ingest::InLock, Ingest::Learner] {
-            let lat = while_ingesting(&rt, &index, mode, n, &mut conn, &req, calls);
+            let lat = while_ingesting(&rt, &index, mode, n, &mut conn, &reqs, calls);
             ingest_rows.push((n, mode, lat));
         }
 
         // rank alone, on the same inputs.
-        let names: Vec<String> = (0..n).map(|i| format!("node-{i:05}")).collect();
+        let names: Vec<Vec<String>> = orders
+            .iter()
+            .map(|o| o.iter().map(|i| format!("node-{i:05}")).collect())
+            .collect();
         let idx = index.read();
         let now = 1_700_100_000.0;
         // Node states for every name, with `assumed` as the binds in flight.
-        let states_of = |assumed: &FastMap<String, kudos_orchestrator::kobj::Requests>| {
-            idx.node_states(
-                names.iter().map(String::as_str),
-                Exclusions::Apply,
-                &Default::default(),
-                assumed,
-                now,
-            )
-        };
+        let states_of =
+            |i: usize, assumed: &FastMap<String, kudos_orchestrator::kobj::Requests>| {
+                idx.node_states(
+                    names[i % names.len()].iter().map(String::as_str),
+                    Exclusions::Apply,
+                    &Default::default(),
+                    assumed,
+                    now,
+                )
+            };
         // p50 of 200 calls.
         let timed = |assumed| {
             let mut lat: Vec<Duration> = (0..200)
-                .map(|_| {
+                .map(|i| {
                     let t = Instant::now();
-                    std::hint::black_box(states_of(assumed));
+                    std::hint::black_box(states_of(i, assumed));
                     t.elapsed()
                 })
                 .collect();
@@ -290,7 +314,7 @@ fn main() {
             })
             .collect();
         let in_flight_p50 = timed(&in_flight);
-        let states = states_of(&none).states;
+        let states = states_of(0, &none).states;
         let pod = PodSpec {
             namespace: "bench".into(),
             name: "train".into(),
@@ -456,7 +480,7 @@ fn while_ingesting(
     mode: Ingest,
     nodes: usize,
     conn: &mut BufReader<std::net::TcpStream>,
-    req: &[u8],
+    reqs: &[Vec<u8>],
     calls: usize,
 ) -> (Vec<Duration>, u64) {
     let index = base.clone();
@@ -501,9 +525,9 @@ fn while_ingesting(
     // Let the model grow into many classes before measuring.
     std::thread::sleep(Duration::from_secs(2));
     let mut lat = Vec::with_capacity(calls);
-    for _ in 0..calls {
+    for i in 0..calls {
         let t = Instant::now();
-        call(conn, req);
+        call(conn, nth(reqs, i));
         lat.push(t.elapsed());
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);

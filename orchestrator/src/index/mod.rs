@@ -24,7 +24,6 @@
 //! that happened while this process was down. Binds this process made but the watch has not
 //! shown yet are added by the extender from its own ledger (see [`crate::extender::Ledger`]).
 
-mod resolved;
 pub mod slices;
 mod states;
 mod view;
@@ -90,11 +89,6 @@ pub struct Index {
     /// candidates the probe's read of each ~380-byte entry missed the cache and was most of
     /// looking a node up.
     slot_of: FastMap<Name, u32>,
-    /// Bumped whenever a name gains or loses its slot in [`Index::slot_of`]: a list resolved
-    /// to slots before ([`resolved`]) is reused only within one epoch.
-    slots_epoch: u64,
-    /// The last candidate list resolved to slots (see [`resolved`]).
-    last_names: resolved::LastNames,
     /// Per slot, everything known of the node from every source (see [`NodeFacts`]). A free
     /// slot holds an empty entry.
     entries: Vec<NodeFacts>,
@@ -244,8 +238,6 @@ impl Index {
             unified: unified.to_owned(),
             heartbeat_max_age,
             slot_of: FastMap::default(),
-            slots_epoch: 0,
-            last_names: resolved::LastNames::default(),
             entries: Vec::new(),
             node_objects: 0,
             free_slots: Vec::new(),
@@ -422,7 +414,6 @@ impl Index {
             (self.entries.len() - 1) as u32
         });
         self.slot_of.insert(Name::from(name), slot);
-        self.slots_epoch += 1;
         slot
     }
 
@@ -431,7 +422,6 @@ impl Index {
         if self.facts(name).is_some_and(NodeFacts::is_empty)
             && let Some(slot) = self.slot_of.remove(name)
         {
-            self.slots_epoch += 1;
             self.free_slot(slot);
         }
     }
@@ -447,9 +437,6 @@ impl Index {
             }
             keep
         });
-        if !freed.is_empty() {
-            self.slots_epoch += 1;
-        }
         for slot in freed {
             self.free_slot(slot);
         }

@@ -4,17 +4,14 @@
 //! per name, in its order. So this returns, beside the states, each name's state by position:
 //! a repeated name points at its first occurrence's state (scheduler-core ranks each node once),
 //! an unknown or excluded one at none. Each name is looked up once, in the index's one entry per
-//! node, unless the call sends the last list's names in the same order, whose slots are reused
-//! name by name ([`super::resolved`]). Repeats are found through the slot each entry has, a
-//! mark per node in a small vector, not through a map of the names (only names without an entry
-//! go through one).
+//! node. Repeats are found through the slot each entry has, a mark per node in a small vector,
+//! not through a map of the names (only names without an entry go through one).
 //!
 //! A state is lent, not built, wherever the node's own facts decide it: each entry keeps the
 //! state its facts give ([`Index::lent`]), built by the first call after a change. Only a
 //! node that a request sends in full, that has binds in flight, or whose heartbeat went stale
 //! gets a state built for the call.
 
-use super::resolved::NamesBuilder;
 use super::{
     Index, NodeFacts, UNKNOWN_CPU_MILLI, UNKNOWN_MEMORY_BYTES, UNKNOWN_NODE_REASON, Unknown,
     to_profile,
@@ -117,36 +114,17 @@ impl Index {
         let mut seen = vec![UNSEEN; self.entries.len()];
         // Names without an entry (known by their slices, or not at all).
         let mut seen_elsewhere: FastMap<&str, u32> = FastMap::default();
-        // The last list's slots serve while this call sends the same names in the same order;
-        // from the first that differs on, names are looked up and the list kept is replaced.
-        let last = self.last_names.get(self.slots_epoch);
-        let mut differs: Option<NamesBuilder> = None;
-        let mut asked = 0;
         for name in names {
-            let kept = match (&last, &differs) {
-                (Some(last), None) => last.slot(asked, name),
-                _ => None,
-            };
-            let slot = match kept {
-                Some(slot) => slot,
-                None => {
-                    let builder = differs.get_or_insert_with(|| {
-                        NamesBuilder::with_prefix(last.as_deref(), asked, high.unwrap_or(low))
-                    });
-                    let slot = self.slot_of.get(name).copied();
-                    builder.push(name, slot);
-                    slot
-                }
-            };
-            asked += 1;
+            let entry = self.slot_of.get_key_value(name).map(|(n, &slot)| (n, slot));
+            let slot = entry.map(|(_, slot)| slot as usize);
             let first = match slot {
-                Some(i) => seen.get(i as usize).copied().unwrap_or(UNSEEN),
+                Some(i) => seen.get(i).copied().unwrap_or(UNSEEN),
                 None => seen_elsewhere.get(name).copied().unwrap_or(UNSEEN),
             };
             let state = if first != UNSEEN {
                 first
             } else {
-                let state = self.state(name, slot, exclusions, from_request, assumed, now);
+                let state = self.state(name, entry, exclusions, from_request, assumed, now);
                 let state = match state {
                     Ok(s) => {
                         out.states.push(s);
@@ -157,7 +135,7 @@ impl Index {
                         STATELESS
                     }
                 };
-                match slot.and_then(|i| seen.get_mut(i as usize)) {
+                match slot.and_then(|i| seen.get_mut(i)) {
                     Some(slot) => *slot = state,
                     None => {
                         seen_elsewhere.insert(name, state);
@@ -167,42 +145,28 @@ impl Index {
             };
             out.of_name.push((state != STATELESS).then_some(state));
         }
-        // A shorter list that matched so far is kept too: the next call likely sends it again.
-        let differs = match (differs, &last) {
-            (None, Some(l)) if l.len() != asked => {
-                Some(NamesBuilder::with_prefix(Some(l), asked, asked))
-            }
-            (d, _) => d,
-        };
-        if let Some(list) = differs {
-            self.last_names.put(list, self.slots_epoch);
-        }
         out
     }
 
     /// The state of a node asked about for the first time in a call, or why it has none: the
-    /// entry's own when nothing in this call changes it. `slot` is the node's slot, when it
-    /// has an entry: the entry itself (and its name as the index keeps it) is read only to
-    /// build a state.
+    /// entry's own when nothing in this call changes it. `entry` is the node's name in the
+    /// index and its slot, when it has an entry: the entry itself is read only to build a state.
     fn state<'i>(
         &'i self,
         name: &str,
-        slot: Option<u32>,
+        entry: Option<(&'i Name, u32)>,
         exclusions: Exclusions,
         from_request: &FastMap<String, NodeInfo>,
         assumed: &FastMap<String, Requests>,
         now: f64,
     ) -> Result<NodeRef<'i>, String> {
-        let facts = || {
-            let (n, &slot) = self.slot_of.get_key_value(name)?;
-            self.facts_at(n, slot)
-        };
+        let facts = |(n, slot): (&'i Name, u32)| self.facts_at(n, slot);
         let build = || {
-            let facts = slot.and_then(|_| facts());
+            let facts = entry.and_then(facts);
             self.first_state(name, facts, exclusions, from_request, assumed, now)
                 .map(|s| NodeRef::Built(Box::new(s)))
         };
-        let Some(slot) = slot else {
+        let Some((_, slot)) = entry else {
             return build();
         };
         let changed_here = (!from_request.is_empty() && from_request.contains_key(name))
@@ -222,7 +186,8 @@ impl Index {
             let (sent, binds) = (FastMap::default(), FastMap::default());
             // No time at which the heartbeat is stale: that is judged below, per call.
             let never = f64::NEG_INFINITY;
-            let own = self.first_state(name, facts(), Exclusions::Ignore, &sent, &binds, never);
+            let facts = entry.and_then(facts);
+            let own = self.first_state(name, facts, Exclusions::Ignore, &sent, &binds, never);
             own.ok()
         });
         let Some(own) = own else {
