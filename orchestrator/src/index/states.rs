@@ -7,6 +7,11 @@
 //! node. Repeats are found through the slot each entry has, a mark per node in a small vector,
 //! not through a map of the names (only names without an entry go through one).
 //!
+//! The states come in the index's slot order, not the order asked: kube-scheduler's parallel
+//! filter sends the same nodes in a new order for each pod, and ranking reads each state several
+//! times, so in the order asked every read went somewhere else in memory; in slot order the lent
+//! states are read front to back. `rank` does not depend on the order of its nodes.
+//!
 //! A state is lent, not built, wherever the node's own facts decide it: each entry keeps the
 //! state its facts give ([`Index::lent`]), built by the first call after a change. Only a
 //! node that a request sends in full, that has binds in flight, or whose heartbeat went stale
@@ -74,7 +79,8 @@ impl Borrow<NodeState> for NodeRef<'_> {
 /// The answer of [`Index::node_states`], borrowing from the index.
 #[derive(Debug, Default)]
 pub struct NodeStates<'a> {
-    /// One per distinct known, not excluded name, in the order first asked.
+    /// One per distinct known, not excluded name: first those without an index entry (in the
+    /// order first asked), then the others in slot order.
     pub states: Vec<NodeRef<'a>>,
     /// Names without a state (unknown to Kudos, or excluded), each once, with the reason.
     pub unknown: Vec<Unknown>,
@@ -82,10 +88,42 @@ pub struct NodeStates<'a> {
     pub of_name: Vec<Option<u32>>,
 }
 
-/// A [`NodeFacts::slot`] not seen yet in this call.
+/// A slot not asked for yet in this call.
 const UNSEEN: u32 = u32::MAX;
-/// Seen in this call, without a state.
+/// Asked for in this call, without a state.
 const STATELESS: u32 = u32::MAX - 1;
+
+/// What pass 1 of [`Index::node_states`] found for a name.
+#[derive(Clone, Copy)]
+enum Asked {
+    /// The name's entry is in this slot; its state is given in pass 2.
+    Slot(u32),
+    /// No entry: its state (an index into the states, or [`STATELESS`]).
+    State(u32),
+}
+
+impl<'i> NodeStates<'i> {
+    /// Adds `state` of `name`, first asked at `pos`: its index among the states, or
+    /// [`STATELESS`] with the reason kept in `unknown`.
+    fn push(
+        &mut self,
+        state: Result<NodeRef<'i>, String>,
+        pos: usize,
+        name: &str,
+        unknown: &mut Vec<(usize, Unknown)>,
+    ) -> u32 {
+        match state {
+            Ok(s) => {
+                self.states.push(s);
+                (self.states.len() - 1) as u32
+            }
+            Err(reason) => {
+                unknown.push((pos, (name.to_owned(), reason)));
+                STATELESS
+            }
+        }
+    }
+}
 
 impl Index {
     /// Builds ranking input for `names`. `from_request` holds nodes kube-scheduler sent in
@@ -101,72 +139,96 @@ impl Index {
         assumed: &FastMap<String, Requests>,
         now: f64,
     ) -> NodeStates<'i> {
-        let names = names.into_iter();
-        // At most one row per name: sized for the upper bound (a filtered iterator's lower one is
-        // 0), or the buffer of these large rows would regrow a dozen times at 5,000 nodes.
-        let (low, high) = names.size_hint();
+        let names: Vec<&'a str> = names.into_iter().collect();
         let mut out = NodeStates {
-            states: Vec::with_capacity(high.unwrap_or(low)),
+            states: Vec::with_capacity(names.len()),
             unknown: Vec::new(),
-            of_name: Vec::with_capacity(high.unwrap_or(low)),
+            of_name: Vec::with_capacity(names.len()),
         };
-        // Per entry's slot: the state this call gave it, UNSEEN or STATELESS.
-        let mut seen = vec![UNSEEN; self.entries.len()];
-        // Names without an entry (known by their slices, or not at all).
+        // Names without a state, with the position that first asked for them.
+        let mut unknown: Vec<(usize, Unknown)> = Vec::new();
+        // Pass 1, in the order asked: each name's slot, and per slot the first position that
+        // asked for it. Names without an entry (known by their slices, or not at all) get
+        // their state here, through a map of those names.
+        let mut first_at = vec![UNSEEN; self.entries.len()];
+        let mut asked: Vec<Asked> = Vec::with_capacity(names.len());
         let mut seen_elsewhere: FastMap<&str, u32> = FastMap::default();
-        for name in names {
-            let entry = self.slot_of.get_key_value(name).map(|(n, &slot)| (n, slot));
-            let slot = entry.map(|(_, slot)| slot as usize);
-            let first = match slot {
-                Some(i) => seen.get(i).copied().unwrap_or(UNSEEN),
-                None => seen_elsewhere.get(name).copied().unwrap_or(UNSEEN),
-            };
-            let state = if first != UNSEEN {
-                first
-            } else {
-                let state = self.state(name, entry, exclusions, from_request, assumed, now);
-                let state = match state {
-                    Ok(s) => {
-                        out.states.push(s);
-                        (out.states.len() - 1) as u32
-                    }
-                    Err(reason) => {
-                        out.unknown.push((name.to_owned(), reason));
-                        STATELESS
-                    }
-                };
-                match slot.and_then(|i| seen.get_mut(i)) {
-                    Some(slot) => *slot = state,
-                    None => {
-                        seen_elsewhere.insert(name, state);
-                    }
+        for (pos, &name) in names.iter().enumerate() {
+            let slot = self.slot_of.get(name).copied();
+            if let Some(first) = slot.and_then(|s| first_at.get_mut(s as usize)) {
+                if *first == UNSEEN {
+                    *first = pos as u32;
                 }
-                state
+                asked.push(Asked::Slot(slot.unwrap_or_default()));
+                continue;
+            }
+            let state = match seen_elsewhere.get(name) {
+                Some(&state) => state,
+                None => {
+                    let state = self.state(name, None, exclusions, from_request, assumed, now);
+                    let state = out.push(state, pos, name, &mut unknown);
+                    seen_elsewhere.insert(name, state);
+                    state
+                }
             };
-            out.of_name.push((state != STATELESS).then_some(state));
+            asked.push(Asked::State(state));
         }
+        // Pass 2, in slot order: the states of the names with an entry. Ranking reads every
+        // state several times; in slot order it reads the lent states front to back, where the
+        // order asked (kube-scheduler's parallel filter sends a new one for each pod) scattered
+        // every read.
+        for (slot, first) in first_at.iter_mut().enumerate() {
+            if *first == UNSEEN {
+                continue;
+            }
+            let pos = *first as usize;
+            let name = names[pos];
+            let state = self.state(
+                name,
+                Some(slot as u32),
+                exclusions,
+                from_request,
+                assumed,
+                now,
+            );
+            *first = out.push(state, pos, name, &mut unknown);
+        }
+        // Pass 3, in the order asked: each name's state.
+        out.of_name.extend(asked.into_iter().map(|a| {
+            let state = match a {
+                Asked::Slot(slot) => first_at.get(slot as usize).copied().unwrap_or(STATELESS),
+                Asked::State(state) => state,
+            };
+            (state != STATELESS).then_some(state)
+        }));
+        unknown.sort_by_key(|(pos, _)| *pos);
+        out.unknown = unknown.into_iter().map(|(_, u)| u).collect();
         out
     }
 
     /// The state of a node asked about for the first time in a call, or why it has none: the
-    /// entry's own when nothing in this call changes it. `entry` is the node's name in the
-    /// index and its slot, when it has an entry: the entry itself is read only to build a state.
+    /// entry's own when nothing in this call changes it. `slot` is the node's slot, when it
+    /// has an entry: the entry itself (and its name as the index keeps it) is read only to
+    /// build a state.
     fn state<'i>(
         &'i self,
         name: &str,
-        entry: Option<(&'i Name, u32)>,
+        slot: Option<u32>,
         exclusions: Exclusions,
         from_request: &FastMap<String, NodeInfo>,
         assumed: &FastMap<String, Requests>,
         now: f64,
     ) -> Result<NodeRef<'i>, String> {
-        let facts = |(n, slot): (&'i Name, u32)| self.facts_at(n, slot);
+        let facts = || {
+            let (n, &slot) = self.slot_of.get_key_value(name)?;
+            self.facts_at(n, slot)
+        };
         let build = || {
-            let facts = entry.and_then(facts);
+            let facts = slot.and_then(|_| facts());
             self.first_state(name, facts, exclusions, from_request, assumed, now)
                 .map(|s| NodeRef::Built(Box::new(s)))
         };
-        let Some((_, slot)) = entry else {
+        let Some(slot) = slot else {
             return build();
         };
         let changed_here = (!from_request.is_empty() && from_request.contains_key(name))
@@ -186,8 +248,7 @@ impl Index {
             let (sent, binds) = (FastMap::default(), FastMap::default());
             // No time at which the heartbeat is stale: that is judged below, per call.
             let never = f64::NEG_INFINITY;
-            let facts = entry.and_then(facts);
-            let own = self.first_state(name, facts, Exclusions::Ignore, &sent, &binds, never);
+            let own = self.first_state(name, facts(), Exclusions::Ignore, &sent, &binds, never);
             own.ok()
         });
         let Some(own) = own else {

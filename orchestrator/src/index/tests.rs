@@ -277,6 +277,56 @@ fn plugin_report_wins_over_labels_and_unknown_nodes_are_named() {
     assert_eq!(unknown[0].0, "ghost");
 }
 
+/// Per name asked, the name of the state it found.
+fn state_names<'s>(got: &'s NodeStates) -> Vec<Option<&'s str>> {
+    let name = |i: u32| got.states.get(i as usize).map(|s| s.name.as_str());
+    got.of_name.iter().map(|s| s.and_then(name)).collect()
+}
+
+/// kube-scheduler sends the same names in a new order for each pod. Whatever the order, each
+/// name finds the same state and the unknown ones are reported in the order asked, while the
+/// states come in the index's slot order (so that ranking reads them front to back).
+#[test]
+fn states_come_in_slot_order_whatever_the_order_asked() {
+    let mut idx = mk_index();
+    let nodes: Vec<String> = (0..6).map(|i| format!("n{i}")).collect();
+    idx.reset_nodes(
+        nodes
+            .iter()
+            .map(|n| node_info(&mk_node(n, 1, true), GPU))
+            .collect(),
+    );
+    let slot_order: Vec<&str> = {
+        let mut by_slot: Vec<(u32, &str)> = nodes
+            .iter()
+            .map(|n| (idx.slot_of[n.as_str()], n.as_str()))
+            .collect();
+        by_slot.sort();
+        by_slot.into_iter().map(|(_, n)| n).collect()
+    };
+    for asked in [
+        ["n0", "x", "n1", "n2", "n3", "y", "n4", "n5"],
+        ["n5", "n4", "y", "n3", "n2", "n1", "x", "n0"],
+        ["n3", "y", "n0", "n5", "x", "n1", "n4", "n2"],
+    ] {
+        let got = ask(&idx, asked, 0.0);
+        let names: Vec<&str> = got.states.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, slot_order, "asked {asked:?}");
+        let expected: Vec<Option<&str>> = asked
+            .iter()
+            .map(|n| n.starts_with('n').then_some(*n))
+            .collect();
+        assert_eq!(state_names(&got), expected, "asked {asked:?}");
+        let unknown: Vec<&str> = got.unknown.iter().map(|u| u.0.as_str()).collect();
+        let unknown_asked: Vec<&str> = asked
+            .iter()
+            .copied()
+            .filter(|n| !n.starts_with('n'))
+            .collect();
+        assert_eq!(unknown, unknown_asked, "in the order asked");
+    }
+}
+
 /// Each name asked about finds its state by position: a repeated name its first occurrence's
 /// (one state per node, whether the plugin configuration or only labels describe it), an
 /// unknown or excluded name none, reported once; `GET /state`'s view ignores exclusions.
@@ -297,11 +347,19 @@ fn each_name_finds_its_state_and_repeats_share_the_first() {
         "plugged", "ghost", "labelled", "cordoned", "plugged", "ghost", "labelled", "cordoned",
     ];
     let got = ask(&idx, asked, 0.0);
-    let names: Vec<&str> = got.states.iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(names, ["plugged", "labelled"]);
+    assert_eq!(got.states.len(), 2, "one state per node");
     assert_eq!(
-        got.of_name,
-        [Some(0), None, Some(1), None, Some(0), None, Some(1), None]
+        state_names(&got),
+        [
+            Some("plugged"),
+            None,
+            Some("labelled"),
+            None,
+            Some("plugged"),
+            None,
+            Some("labelled"),
+            None
+        ]
     );
     let unknown: Vec<&str> = got.unknown.iter().map(|u| u.0.as_str()).collect();
     assert_eq!(unknown, ["ghost", "cordoned"]);

@@ -104,7 +104,12 @@ impl Index {
         StateView {
             allocation_api,
             plugin_config: self.plugin_config.clone(),
-            nodes: nodes.into_iter().map(super::NodeRef::into_owned).collect(),
+            // By name, as asked: the states come in slot order.
+            nodes: {
+                let mut nodes: Vec<_> = nodes.into_iter().map(super::NodeRef::into_owned).collect();
+                nodes.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+                nodes
+            },
             nodes_without_accelerators: unknown.into_iter().map(|(n, _)| n).collect(),
             heartbeats: self
                 .all_facts()
