@@ -23,7 +23,7 @@ mod common;
 mod fixture;
 
 use common::mk_extender;
-use fixture::{body_in_order, body_without_devices, index, shuffled};
+use fixture::{body_in_order, body_without_devices, index, node_name, shuffled};
 use kudos_orchestrator::extender::types::ExtenderArgs;
 use kudos_orchestrator::fasthash::FastMap;
 use kudos_orchestrator::http::{HttpLimits, HttpState, router};
@@ -273,7 +273,7 @@ fn main() {
         // rank alone, on the same inputs.
         let names: Vec<Vec<String>> = orders
             .iter()
-            .map(|o| o.iter().map(|i| format!("node-{i:05}")).collect())
+            .map(|o| o.iter().map(|&i| node_name(i)).collect())
             .collect();
         let idx = index.read();
         let now = 1_700_100_000.0;
@@ -310,7 +310,7 @@ fn main() {
                     gpus: 1,
                     ..Default::default()
                 };
-                (format!("node-{:05}", i * 97 % n), requests)
+                (node_name(i * 97 % n), requests)
             })
             .collect();
         let in_flight_p50 = timed(&in_flight);
@@ -422,10 +422,7 @@ impl Ingest {
 /// picked by a multiplicative hash of `seq` so that (class, node) pairs do not repeat with a
 /// short period (`KUDOS_BENCH_MODEL_RUNS=40000` reaches the model's bound at 5,000 nodes).
 fn ingest_run(seq: u64, nodes: usize, idx: &SharedIndex) -> StoredRun {
-    let node = format!(
-        "node-{:05}",
-        (seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20) as usize % nodes
-    );
+    let node = node_name((seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20) as usize % nodes);
     StoredRun {
         seq,
         report_id: format!("i{seq}"),

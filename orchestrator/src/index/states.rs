@@ -154,12 +154,13 @@ impl Index {
         let mut asked: Vec<Asked> = Vec::with_capacity(names.len());
         let mut seen_elsewhere: FastMap<&str, u32> = FastMap::default();
         for (pos, &name) in names.iter().enumerate() {
-            let slot = self.slot_of.get(name).copied();
-            if let Some(first) = slot.and_then(|s| first_at.get_mut(s as usize)) {
+            if let Some(&slot) = self.slot_of.get(name)
+                && let Some(first) = first_at.get_mut(slot as usize)
+            {
                 if *first == UNSEEN {
                     *first = pos as u32;
                 }
-                asked.push(Asked::Slot(slot.unwrap_or_default()));
+                asked.push(Asked::Slot(slot));
                 continue;
             }
             let state = match seen_elsewhere.get(name) {
@@ -173,7 +174,8 @@ impl Index {
             };
             asked.push(Asked::State(state));
         }
-        // Pass 2, in slot order: the states of the names with an entry. Ranking reads every
+        // Pass 2, in slot order: the states of the names with an entry, each slot's first
+        // position replaced by its state (or STATELESS) for pass 3. Ranking reads every
         // state several times; in slot order it reads the lent states front to back, where the
         // order asked (kube-scheduler's parallel filter sends a new one for each pod) scattered
         // every read.
