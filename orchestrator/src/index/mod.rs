@@ -24,6 +24,7 @@
 //! that happened while this process was down. Binds this process made but the watch has not
 //! shown yet are added by the extender from its own ledger (see [`crate::extender::Ledger`]).
 
+mod name_slots;
 pub mod slices;
 mod states;
 mod view;
@@ -41,6 +42,7 @@ use kudos_scheduler_core::{
     DeviceProfile, Feedback, ModelState, Name, NodeHealth, NodeState, RunObservation, Scheduler,
     SchedulerConfig,
 };
+use name_slots::NameSlots;
 use parking_lot::RwLock;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -87,8 +89,8 @@ pub struct Index {
     /// Node name → its slot, where its entry and lent state are kept. Finding a name touches
     /// only this table of names and slots: when the entries were its values, at 5,000
     /// candidates the probe's read of each ~380-byte entry missed the cache and was most of
-    /// looking a node up.
-    slot_of: FastMap<Name, u32>,
+    /// looking a node up (see [`NameSlots`] for how the table confirms a match).
+    slot_of: NameSlots,
     /// Per slot, everything known of the node from every source (see [`NodeFacts`]). A free
     /// slot holds an empty entry.
     entries: Vec<NodeFacts>,
@@ -237,7 +239,7 @@ impl Index {
         Self {
             unified: unified.to_owned(),
             heartbeat_max_age,
-            slot_of: FastMap::default(),
+            slot_of: NameSlots::default(),
             entries: Vec::new(),
             node_objects: 0,
             free_slots: Vec::new(),
@@ -303,7 +305,7 @@ impl Index {
 
     /// `name`'s entry, if it has one.
     fn facts(&self, name: &str) -> Option<&NodeFacts> {
-        let slot = *self.slot_of.get(name)?;
+        let slot = self.slot_of.get(name)?;
         self.entries.get(slot as usize)
     }
 
@@ -314,7 +316,7 @@ impl Index {
 
     /// `name`'s entry to change and its slot, if it has one; its lent state is emptied.
     fn existing_facts_mut(&mut self, name: &str) -> Option<(u32, &mut NodeFacts)> {
-        let slot = *self.slot_of.get(name)?;
+        let slot = self.slot_of.get(name)?;
         self.forget_state(slot);
         Some((slot, self.entries.get_mut(slot as usize)?))
     }
@@ -323,7 +325,7 @@ impl Index {
     fn all_facts(&self) -> impl Iterator<Item = (&Name, &NodeFacts)> {
         self.slot_of
             .iter()
-            .filter_map(|(name, &slot)| self.facts_at(name, slot))
+            .filter_map(|(name, slot)| self.facts_at(name, slot))
     }
 
     /// Sets (or clears) the heartbeat of the entry in `slot`, and the copy of its time that
@@ -405,7 +407,7 @@ impl Index {
     /// `name`'s slot, given an empty entry when it has none (the name is copied only then: pod
     /// and heartbeat events mostly update an entry that exists). Its lent state stays.
     fn slot(&mut self, name: &str) -> u32 {
-        if let Some(&slot) = self.slot_of.get(name) {
+        if let Some(slot) = self.slot_of.get(name) {
             return slot;
         }
         let slot = self.free_slots.pop().unwrap_or_else(|| {
@@ -430,7 +432,7 @@ impl Index {
     fn prune_all(&mut self) {
         let entries = &self.entries;
         let mut freed = Vec::new();
-        self.slot_of.retain(|_, &mut slot| {
+        self.slot_of.retain(|_, slot| {
             let keep = entries.get(slot as usize).is_some_and(|f| !f.is_empty());
             if !keep {
                 freed.push(slot);

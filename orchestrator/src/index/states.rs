@@ -153,15 +153,15 @@ impl Index {
         let mut first_at = vec![UNSEEN; self.entries.len()];
         let mut asked: Vec<Asked> = Vec::with_capacity(names.len());
         let mut seen_elsewhere: FastMap<&str, u32> = FastMap::default();
-        for (pos, &name) in names.iter().enumerate() {
-            if let Some(&slot) = self.slot_of.get(name)
+        self.slot_of.get_each(&names, |pos, name, slot| {
+            if let Some(slot) = slot
                 && let Some(first) = first_at.get_mut(slot as usize)
             {
                 if *first == UNSEEN {
                     *first = pos as u32;
                 }
                 asked.push(Asked::Slot(slot));
-                continue;
+                return;
             }
             let state = match seen_elsewhere.get(name) {
                 Some(&state) => state,
@@ -173,7 +173,7 @@ impl Index {
                 }
             };
             asked.push(Asked::State(state));
-        }
+        });
         // Pass 2, in slot order: the states of the names with an entry, each slot's first
         // position replaced by its state (or STATELESS) for pass 3. Ranking reads every
         // state several times; in slot order it reads the lent states front to back, where the
@@ -222,7 +222,7 @@ impl Index {
         now: f64,
     ) -> Result<NodeRef<'i>, String> {
         let facts = || {
-            let (n, &slot) = self.slot_of.get_key_value(name)?;
+            let (n, slot) = self.slot_of.get_key_value(name)?;
             self.facts_at(n, slot)
         };
         let build = || {

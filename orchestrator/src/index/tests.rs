@@ -299,7 +299,7 @@ fn states_come_in_slot_order_whatever_the_order_asked() {
     let slot_order: Vec<&str> = {
         let mut by_slot: Vec<(u32, &str)> = nodes
             .iter()
-            .map(|n| (idx.slot_of[n.as_str()], n.as_str()))
+            .map(|n| (idx.slot_of.get(n).expect("known"), n.as_str()))
             .collect();
         by_slot.sort();
         by_slot.into_iter().map(|(_, n)| n).collect()
@@ -637,7 +637,7 @@ fn lent_states_follow_every_write() {
                 let facts = idx
                     .slot_of
                     .get_key_value(n)
-                    .and_then(|(name, &slot)| idx.facts_at(name, slot));
+                    .and_then(|(name, slot)| idx.facts_at(name, slot));
                 idx.first_state(n, facts, Exclusions::Apply, &sent, &binds, now)
             })
             .collect();
