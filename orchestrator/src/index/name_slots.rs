@@ -4,9 +4,9 @@
 //! that was confirming the match: a hash map keyed by [`Name`] compares the asked text with the
 //! key's, which lives in its own allocation somewhere in the heap, one likely cache miss (and a
 //! call into libc's `memcmp`) per candidate. Here the keys' text lives in one buffer, each
-//! name's bytes at its slot's span, and a probe compares a 32-bit tag of the name's hash before it reads
-//! any text: a match is confirmed within a few tens of kilobytes that stay in cache, and a
-//! mismatch almost never reads text at all.
+//! name's bytes at its slot's span, and a probe compares a 32-bit tag of the name's hash before
+//! it reads any text: a match is confirmed within a few tens of kilobytes that stay in cache,
+//! and a mismatch almost never reads text at all.
 //!
 //! Open addressing with linear probing, at most half full, deletion by backward shift (no
 //! tombstones, so probes stay short however many nodes come and go). The hash is not keyed:
@@ -48,7 +48,7 @@ struct Span {
 
 /// Node name → slot. Slots are the caller's (the index hands them out and reuses them); a slot
 /// holds at most one name.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(super) struct NameSlots {
     buckets: Vec<Bucket>,
     /// Per slot, its name (shared with every state built for it), `None` when free.
@@ -99,6 +99,15 @@ fn same_text(a: &[u8], b: &[u8]) -> bool {
         (a, b) = (ra, rb);
     }
     a == b
+}
+
+/// As the map it is (name → slot), not its buffers.
+impl std::fmt::Debug for NameSlots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.iter().map(|(n, slot)| (n.as_str(), slot)))
+            .finish()
+    }
 }
 
 impl NameSlots {
