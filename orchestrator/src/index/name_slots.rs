@@ -159,7 +159,12 @@ impl NameSlots {
 
     /// `name`'s slot.
     pub fn get(&self, name: &str) -> Option<u32> {
-        self.find(name).map(|i| self.buckets[i].slot)
+        self.slot_tagged(name, tag(name.as_bytes()))
+    }
+
+    /// The slot of `name`, whose tag is `tag`.
+    fn slot_tagged(&self, name: &str, tag: u32) -> Option<u32> {
+        self.find_tagged(name, tag).map(|i| self.buckets[i].slot)
     }
 
     /// Each name's slot, in order: `each(position, name, slot)`. The buckets of a batch of
@@ -185,8 +190,7 @@ impl NameSlots {
             // Keeps the reads: their only purpose is to bring the buckets into the cache.
             std::hint::black_box(read);
             for (k, (&t, &name)) in tags.iter().zip(batch).enumerate() {
-                let slot = self.find_tagged(name, t).map(|i| self.buckets[i].slot);
-                each(b * BATCH + k, name, slot);
+                each(b * BATCH + k, name, self.slot_tagged(name, t));
             }
         }
     }
@@ -197,10 +201,9 @@ impl NameSlots {
         self.find(name).is_some()
     }
 
-    /// `name` as the table keeps it (shared), and its slot.
-    pub fn get_key_value(&self, name: &str) -> Option<(&Name, u32)> {
-        let slot = self.get(name)?;
-        Some((self.names.get(slot as usize)?.as_ref()?, slot))
+    /// The name in `slot`, as the table keeps it (shared), without a lookup.
+    pub fn name(&self, slot: u32) -> Option<&Name> {
+        self.names.get(slot as usize)?.as_ref()
     }
 
     /// Every name and its slot, in slot order.
@@ -370,8 +373,8 @@ mod tests {
             if step % 997 == 0 {
                 for (n, &slot) in &model {
                     assert_eq!(table.get(n), Some(slot), "{n} at step {step}");
-                    let (kept, s) = table.get_key_value(n).expect("kept");
-                    assert_eq!((kept.as_str(), s), (n.as_str(), slot));
+                    let kept = table.name(slot).map(Name::as_str);
+                    assert_eq!(kept, Some(n.as_str()), "slot {slot}");
                 }
                 assert_eq!(table.len(), model.len());
                 assert_eq!(table.iter().count(), model.len());
@@ -399,10 +402,7 @@ mod tests {
         }
         table.insert(Name::from("newcomer"), 1);
         assert_eq!(table.get("newcomer"), Some(1));
-        assert_eq!(
-            table.get_key_value("newcomer").map(|(n, _)| n.as_str()),
-            Some("newcomer")
-        );
+        assert_eq!(table.name(1).map(Name::as_str), Some("newcomer"));
         let slots: Vec<u32> = table.iter().map(|(_, s)| s).collect();
         assert!(
             slots.windows(2).all(|w| w[0] < w[1]),

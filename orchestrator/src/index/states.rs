@@ -210,8 +210,8 @@ impl Index {
 
     /// The state of a node asked about for the first time in a call, or why it has none: the
     /// entry's own when nothing in this call changes it. `slot` is the node's slot, when it
-    /// has an entry: the entry itself (and its name as the index keeps it) is read only to
-    /// build a state.
+    /// has an entry: the entry itself (and its name as the index keeps it, by slot) is read
+    /// only to build a state.
     fn state<'i>(
         &'i self,
         name: &str,
@@ -221,12 +221,9 @@ impl Index {
         assumed: &FastMap<String, Requests>,
         now: f64,
     ) -> Result<NodeRef<'i>, String> {
-        let facts = || {
-            let (n, slot) = self.slot_of.get_key_value(name)?;
-            self.facts_at(n, slot)
-        };
+        let facts = |slot: u32| self.facts_at(self.slot_of.name(slot)?, slot);
         let build = || {
-            let facts = slot.and_then(|_| facts());
+            let facts = slot.and_then(facts);
             self.first_state(name, facts, exclusions, from_request, assumed, now)
                 .map(|s| NodeRef::Built(Box::new(s)))
         };
@@ -250,7 +247,7 @@ impl Index {
             let (sent, binds) = (FastMap::default(), FastMap::default());
             // No time at which the heartbeat is stale: that is judged below, per call.
             let never = f64::NEG_INFINITY;
-            let own = self.first_state(name, facts(), Exclusions::Ignore, &sent, &binds, never);
+            let own = self.first_state(name, facts(slot), Exclusions::Ignore, &sent, &binds, never);
             own.ok()
         });
         let Some(own) = own else {

@@ -636,8 +636,8 @@ fn lent_states_follow_every_write() {
             .map(|&n| {
                 let facts = idx
                     .slot_of
-                    .get_key_value(n)
-                    .and_then(|(name, slot)| idx.facts_at(name, slot));
+                    .get(n)
+                    .and_then(|slot| idx.facts_at(idx.slot_of.name(slot)?, slot));
                 idx.first_state(n, facts, Exclusions::Apply, &sent, &binds, now)
             })
             .collect();
