@@ -143,7 +143,6 @@ pub struct TakenSlot {
 
 #[derive(Default)]
 struct Inner {
-    generation: u64,
     seen: HashMap<String, Seen>,
     assumed: HashMap<String, Assumed>,
     gangs: HashMap<String, Reservation>,
@@ -220,7 +219,6 @@ impl Ledger {
         if self.cluster {
             g.assumed.retain(|_, a| now - a.at <= ASSUME_TTL_SECONDS);
         }
-        g.generation += 1;
         let seen = g.seen.get(uid).cloned();
         let requests = seen.as_ref().map(|s| s.requests).unwrap_or_default();
         g.assumed.insert(
@@ -273,11 +271,7 @@ impl Ledger {
             pod: pod.to_owned(),
             at: now,
         });
-        let out = (r.slots[i].node.clone(), r.clone());
-        if held != Some(i) {
-            g.generation += 1;
-        }
-        Ok(out)
+        Ok((r.slots[i].node.clone(), r.clone()))
     }
 
     /// Before binding `uid` to `node`: takes the pod's gang slot there (the slot it claims, or
@@ -323,7 +317,6 @@ impl Ledger {
         };
         r.drop_claims_of(uid);
         r.bound[i] = Some(uid.to_owned());
-        g.generation += 1;
         Ok(Some(TakenSlot {
             gang: key,
             slot: i,
@@ -346,13 +339,7 @@ impl Ledger {
                 pod: uid.to_owned(),
                 at: now,
             });
-            g.generation += 1;
         }
-    }
-
-    /// Changes whenever a bind or a reservation is recorded.
-    pub fn generation(&self) -> u64 {
-        self.lock().generation
     }
 
     /// The live reservation of a gang, if any.
@@ -365,7 +352,6 @@ impl Ledger {
     /// Reserves a placement unless another call reserved first; returns the live one.
     pub fn reserve(&self, key: &str, p: GangPlacement) -> Reservation {
         let mut g = self.lock();
-        g.generation += 1;
         g.gangs
             .entry(key.to_owned())
             .or_insert_with(|| Reservation {

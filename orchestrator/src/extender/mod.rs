@@ -49,16 +49,21 @@ const MAX_EXPLAINED_UNKNOWN: usize = 100;
 
 use crate::fasthash::FastSet;
 
-/// The last filter's ranking, which prioritize reuses for the same pod when nothing changed
-/// in between: kube-scheduler calls prioritize right after filter with exactly the nodes that
-/// passed, so ranking again would compute the same answer (same inputs, same seed).
+/// The last filter's ranking, which prioritize reuses for the same pod when no score can have
+/// changed in between: kube-scheduler calls prioritize right after filter, in the same
+/// scheduling cycle, with exactly the nodes that passed, so ranking again would compute the
+/// same scores (same inputs, same seed). Binds in between (the earlier pods' binding cycles run
+/// beside this pod's cycle) do not count: they change which nodes fit, never a node's score,
+/// and fit was settled by this cycle's filter, kube-scheduler's NodeResourcesFit included,
+/// against a snapshot that already holds those pods (see [`crate::index::Index::generation`]).
 #[derive(Default)]
 pub struct LastFilter(Mutex<Option<CachedFilter>>);
 
 struct CachedFilter {
     uid: String,
     at: std::time::Instant,
-    generations: (u64, u64),
+    /// [`crate::index::Index::generation`] when the filter ranked.
+    generation: u64,
     explained: Arc<Explained>,
     /// The nodes the filter let through, in the order it answered them (which is the order
     /// kube-scheduler's prioritize sends them in), as indices into the ranking's entries.
@@ -250,13 +255,9 @@ fn entries_by_name(of_name: &[Option<u32>], states: usize, ranking: &Ranking) ->
 }
 
 impl Extender {
-    fn generations(&self) -> (u64, u64) {
-        (self.index.read().generation(), self.ledger.generation())
-    }
-
     /// The filter ranking of this pod and each of `names`' score in it, if prioritize may
-    /// reuse it: the same pod, nothing changed since, and `names` exactly the nodes the filter
-    /// let through, in the order it answered them (one string comparison per node, no map).
+    /// reuse it: the same pod, no score input changed since, and `names` exactly the nodes the
+    /// filter let through, in the order it answered them (one string comparison per node).
     fn reusable(&self, facts: &PodFacts, names: &[Cow<str>]) -> Option<(Arc<Explained>, Vec<u8>)> {
         if facts.uid.is_empty() || facts.gang.is_some() {
             return None;
@@ -265,7 +266,7 @@ impl Extender {
         let c = g.as_ref()?;
         let fresh = c.uid == facts.uid
             && c.at.elapsed() < REUSE_WINDOW
-            && c.generations == self.generations()
+            && c.generation == self.index.read().generation()
             && names.len() == c.passed.len();
         if !fresh {
             return None;
@@ -471,7 +472,7 @@ impl Extender {
         let names = candidate_names(&mut args);
         let span = tracing::debug_span!("filter", pod = %format!("{}/{}", facts.namespace, facts.name), class = facts.class.as_deref().unwrap_or(""), nodes = names.len());
         let _g = span.enter();
-        let gens = self.generations();
+        let generation = self.index.read().generation();
         let ev = self.evaluate("filter", &args, &facts, &names);
         // Permanent mismatches (the class forbids the devices, too little device memory, fewer
         // devices than requested) and nodes without known accelerators cannot be fixed by
@@ -543,7 +544,7 @@ impl Extender {
             *g = Some(CachedFilter {
                 uid: facts.uid.clone(),
                 at: std::time::Instant::now(),
-                generations: gens,
+                generation,
                 explained: ev.explained.clone(),
                 passed: answered.iter().flatten().copied().collect(),
             });

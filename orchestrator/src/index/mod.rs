@@ -113,12 +113,15 @@ pub struct Index {
     applied_seq: u64,
     nodes_synced: bool,
     pods_synced: bool,
-    /// Bumped by every write that can change a ranking (heartbeats excepted: they only
-    /// matter through staleness, which is judged at call time), except pods that hold no
-    /// devices: what they change is CPU and memory in use, which kube-scheduler checks and
-    /// scores from its own snapshot of the cycle. The extender's filter → prioritize reuse
-    /// compares it, and in a busy cluster other schedulers bind such pods between the two calls
-    /// of nearly every GPU pod.
+    /// Bumped by every write that can change a node's Kudos score: its Node object (when what
+    /// Kudos reads of it changed), plugin reports, device health, slices, node monitoring's
+    /// exclusions, the model. Not by pods (nor heartbeats, which matter through staleness,
+    /// judged at call time): a pod changes what is in use on its node, so which nodes fit,
+    /// never how fast a node runs a class, and fit is settled by the filter. The extender's
+    /// filter → prioritize reuse compares it: kube-scheduler binds each pod beside the next
+    /// pod's cycle, so an earlier pod's bind landed between the two calls of about every other
+    /// GPU pod (162 and 170 of 300 in two runs at 1,213 nodes, e2e/README.md), while that
+    /// cycle's snapshot already holds the bound pod.
     generation: u64,
     /// The latest node-monitoring pass (rollout enabled only), see [`crate::rollout`].
     monitor: Option<MonitorView>,
@@ -344,7 +347,7 @@ impl Index {
         crate::dra::decide(self.allocation_policy, self.node(node))
     }
 
-    /// Changes whenever a ranking input changes (see the field).
+    /// Changes whenever a score input changes (see the field).
     pub fn generation(&self) -> u64 {
         self.generation
     }
@@ -356,8 +359,13 @@ impl Index {
 
     // === writers: watchers ===
 
-    /// Adds or replaces a node.
+    /// Adds or replaces a node. An update that changes nothing Kudos reads (the kubelet
+    /// rewrites its Node's status every few minutes; other fields change for other readers)
+    /// changes nothing here either.
     pub fn apply_node(&mut self, info: NodeInfo) {
+        if self.node(&info.name) == Some(&info) {
+            return;
+        }
         self.generation += 1;
         self.put_node(info);
     }
@@ -484,8 +492,7 @@ impl Index {
     /// Adds, replaces or (when ended or unbound) removes a pod's resource use.
     pub fn apply_pod(&mut self, pod: &PodFacts) {
         let key = pod_key(pod);
-        let held = self.remove_pod(&key);
-        self.pod_changed(pod.requests, held);
+        self.remove_pod(&key);
         if pod.terminated {
             self.ended.insert(key.clone(), ());
         }
@@ -499,31 +506,22 @@ impl Index {
     pub fn delete_pod(&mut self, pod: &PodFacts) {
         let key = pod_key(pod);
         self.ended.insert(key.clone(), ());
-        let held = self.remove_pod(&key);
-        self.pod_changed(pod.requests, held);
+        self.remove_pod(&key);
     }
 
-    /// Bumps the generation for a pod event that can move devices: the pod asks for some now
-    /// (`requests`) or held some before (`held`). See the field for why others do not.
-    fn pod_changed(&mut self, requests: Requests, held: Option<Requests>) {
-        if requests.gpus > 0 || held.is_some_and(|r| r.gpus > 0) {
-            self.generation += 1;
-        }
-    }
-
-    /// Forgets a pod's resource use; returns what it held.
-    fn remove_pod(&mut self, key: &str) -> Option<Requests> {
-        let (node, r) = self.pods.remove(key)?;
+    /// Forgets a pod's resource use.
+    fn remove_pod(&mut self, key: &str) {
+        let Some((node, r)) = self.pods.remove(key) else {
+            return;
+        };
         if let Some((_, facts)) = self.existing_facts_mut(&node) {
             facts.used.sub(r);
             self.prune(&node);
         }
-        Some(r)
     }
 
     /// Replaces all pods and marks pods synced.
     pub fn reset_pods(&mut self, pods: &[PodFacts]) {
-        self.generation += 1;
         self.pods.clear();
         self.forget_states();
         for facts in &mut self.entries {

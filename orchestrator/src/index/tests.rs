@@ -545,27 +545,53 @@ fn failed_runs_count_per_vendor_and_in_progress_snapshots_do_not() {
     assert_eq!(state.vendor_excluded("llm", "nvidia"), None);
 }
 
+/// Pods change which nodes fit, never a node's score, so they leave the generation alone (the
+/// extender's filter → prioritize reuse survives the binds of earlier pods); a Node update
+/// moves it only when it changes what Kudos reads of the Node.
 #[test]
-fn only_pods_that_hold_devices_change_the_ranking_generation() {
+fn the_generation_moves_with_score_inputs_not_with_pods() {
     let mut idx = mk_index();
-    idx.reset_nodes(vec![node_info(&mk_node("n1", 4, true), GPU)]);
+    let n1 = node_info(&mk_node("n1", 4, true), GPU);
+    idx.reset_nodes(vec![n1.clone()]);
     let g = idx.generation();
     let web = pod_facts(&mk_pod("web", Some("n1"), 0, "Running"), GPU).unwrap();
     idx.apply_pod(&web);
     assert_eq!(state(&idx, "n1", 0.0).cpu_requested_milli, 1000);
     idx.delete_pod(&web);
+    assert_eq!(state(&idx, "n1", 0.0).cpu_requested_milli, 0);
+    let train = |phase| pod_facts(&mk_pod("train", Some("n1"), 1, phase), GPU).unwrap();
+    idx.apply_pod(&train("Running"));
+    assert_eq!(
+        state(&idx, "n1", 0.0).free_devices,
+        3,
+        "a bound GPU pod takes one"
+    );
+    idx.apply_pod(&train("Succeeded"));
+    assert_eq!(
+        state(&idx, "n1", 0.0).free_devices,
+        4,
+        "an ended one frees it"
+    );
+    idx.reset_pods(&[train("Running")]);
+    assert_eq!(state(&idx, "n1", 0.0).free_devices, 3);
+    assert_eq!(idx.generation(), g, "pods change what fits, not a score");
+
+    idx.apply_node(n1.clone());
     assert_eq!(
         idx.generation(),
         g,
-        "a pod without devices changes only CPU and memory in use"
+        "a Node update with nothing new for Kudos"
     );
-    assert_eq!(state(&idx, "n1", 0.0).cpu_requested_milli, 0);
-    idx.apply_pod(&pod_facts(&mk_pod("train", Some("n1"), 1, "Running"), GPU).unwrap());
-    let bound = idx.generation();
-    assert!(bound > g, "a bound GPU pod takes devices");
-    idx.apply_pod(&pod_facts(&mk_pod("train", Some("n1"), 1, "Succeeded"), GPU).unwrap());
-    assert!(idx.generation() > bound, "an ended GPU pod frees them");
-    assert_eq!(state(&idx, "n1", 0.0).free_devices, 4);
+    idx.apply_node(node_info(&mk_node("n1", 4, false), GPU));
+    let not_ready = idx.generation();
+    assert!(
+        not_ready > g,
+        "a node that stops being ready is judged again"
+    );
+    assert_ne!(state(&idx, "n1", 0.0).health, NodeHealth::Healthy);
+    idx.apply_node(n1);
+    assert!(idx.generation() > not_ready, "and again when it is back");
+    assert_eq!(state(&idx, "n1", 0.0).health, NodeHealth::Healthy);
 }
 
 /// One entry per node holds what every source knows of it; the entry goes when the last source

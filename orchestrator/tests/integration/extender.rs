@@ -351,7 +351,8 @@ async fn explain_returns_last_ranking() {
 
 #[tokio::test]
 async fn prioritize_reuses_the_filter_ranking_until_something_changes() {
-    let app = mk_app(standard_index());
+    let index = standard_index();
+    let app = mk_app(index.clone());
     let mut pod = pod_json("r", Some("resnet50"), 1);
     pod["metadata"]["annotations"] = serde_json::json!({"kudos.dev/vendors": "nvidia,amd"});
     let args = |nodes: &[&str]| {
@@ -384,7 +385,8 @@ async fn prioritize_reuses_the_filter_ranking_until_something_changes() {
         "prioritize",
         "a different node set is ranked again"
     );
-    // A bind in between invalidates the reuse.
+    // An earlier pod's bind in between (kube-scheduler binds each pod beside the next pod's
+    // cycle): it changes what fits, which that cycle's filter settled, not a score.
     post(&app, "/kudos/v1/filter", args(&["gpu-a", "gpu-b"])).await;
     let other =
         serde_json::json!({"Pod": pod_json("other", Some("resnet50"), 1), "NodeNames": ["gpu-a"]});
@@ -394,12 +396,24 @@ async fn prioritize_reuses_the_filter_ranking_until_something_changes() {
         serde_json::to_vec(&other).unwrap(),
     )
     .await;
-    post(&app, "/kudos/v1/filter", args(&["gpu-a", "gpu-b"])).await;
+    let (_, f) = post(&app, "/kudos/v1/filter", args(&["gpu-a", "gpu-b"])).await;
     let bind = serde_json::json!({"PodName": "other", "PodNamespace": "default", "PodUID": "uid-other", "Node": "gpu-a"});
-    post(&app, "/kudos/v1/bind", serde_json::to_vec(&bind).unwrap()).await;
+    let (_, b) = post(&app, "/kudos/v1/bind", serde_json::to_vec(&bind).unwrap()).await;
+    assert_eq!(b["Error"], "", "{b}");
+    let (_, p3) = post(&app, "/kudos/v1/prioritize", args(&["gpu-a", "gpu-b"])).await;
+    let (_, e) = get(&app, "/explain/default/r").await;
+    assert_eq!(verb(&e), "filter", "reused across another pod's bind");
+    assert_eq!(f["NodeNames"], serde_json::json!(["gpu-a", "gpu-b"]));
+    assert_eq!(p3, p1, "the same scores");
+    // A new model in between (what the learner publishes): ranked again.
+    post(&app, "/kudos/v1/filter", args(&["gpu-a", "gpu-b"])).await;
+    let model = std::sync::Arc::new(kudos_scheduler_core::Scheduler::clone(
+        &index.read().model(),
+    ));
+    drop(index.write().publish_model(model, 1));
     post(&app, "/kudos/v1/prioritize", args(&["gpu-a", "gpu-b"])).await;
     let (_, e) = get(&app, "/explain/default/r").await;
-    assert_eq!(verb(&e), "prioritize");
+    assert_eq!(verb(&e), "prioritize", "ranked again with the new model");
 }
 
 /// kube-scheduler never sends a node twice, but a client may: each occurrence gets the answer
@@ -468,11 +482,12 @@ async fn a_repeated_node_name_gets_the_same_answer_at_each_place() {
     );
 }
 
-/// Another scheduler binding pods without devices (the cluster's own, beside Kudos' scheduler)
-/// changes only CPU and memory in use, which kube-scheduler checks from its own snapshot: the
-/// filter ranking is still reused. A pod that takes devices is not.
+/// Pods bound in between (by the cluster's own scheduler beside Kudos', or earlier pods of
+/// Kudos' scheduler) change what is in use, which kube-scheduler checks from its own snapshot:
+/// the filter ranking is still reused. A change to what a score is made of (device health here)
+/// is not.
 #[tokio::test]
-async fn prioritize_reuse_survives_pods_without_devices_binding_in_between() {
+async fn prioritize_reuse_survives_pods_binding_in_between() {
     let index = standard_index();
     let app = mk_app(index.clone());
     let mut pod = pod_json("r", Some("resnet50"), 1);
@@ -496,7 +511,12 @@ async fn prioritize_reuse_survives_pods_without_devices_binding_in_between() {
     index.write().apply_pod(&bound("train", 1));
     post(&app, "/kudos/v1/prioritize", args(&["gpu-a", "gpu-b"])).await;
     let (_, e) = get(&app, "/explain/default/r").await;
-    assert_eq!(verb(&e), "prioritize", "ranked again after a GPU pod bound");
+    assert_eq!(verb(&e), "filter", "reused across a GPU pod bound");
+    post(&app, "/kudos/v1/filter", args(&["gpu-a", "gpu-b"])).await;
+    index.write().set_device_health("gpu-a", "nvidia", (1, 4));
+    post(&app, "/kudos/v1/prioritize", args(&["gpu-a", "gpu-b"])).await;
+    let (_, e) = get(&app, "/explain/default/r").await;
+    assert_eq!(verb(&e), "prioritize", "ranked again after a device failed");
 }
 
 #[tokio::test]
