@@ -312,9 +312,9 @@ impl Index {
         self.entries.get(slot as usize)
     }
 
-    /// The entry in `slot`, beside its node's name as the index keeps it.
-    fn facts_at<'i>(&'i self, name: &'i Name, slot: u32) -> Option<(&'i Name, &'i NodeFacts)> {
-        Some((name, self.entries.get(slot as usize)?))
+    /// The entry in `slot`, beside its node's name as the index keeps it (by slot).
+    fn facts_at(&self, slot: u32) -> Option<(&Name, &NodeFacts)> {
+        Some((self.slot_of.name(slot)?, self.entries.get(slot as usize)?))
     }
 
     /// `name`'s entry to change and its slot, if it has one; its lent state is emptied.
@@ -328,7 +328,7 @@ impl Index {
     fn all_facts(&self) -> impl Iterator<Item = (&Name, &NodeFacts)> {
         self.slot_of
             .iter()
-            .filter_map(|(name, slot)| self.facts_at(name, slot))
+            .filter_map(|(name, slot)| Some((name, self.entries.get(slot as usize)?)))
     }
 
     /// Sets (or clears) the heartbeat of the entry in `slot`, and the copy of its time that

@@ -221,9 +221,8 @@ impl Index {
         assumed: &FastMap<String, Requests>,
         now: f64,
     ) -> Result<NodeRef<'i>, String> {
-        let facts = |slot: u32| self.facts_at(self.slot_of.name(slot)?, slot);
         let build = || {
-            let facts = slot.and_then(facts);
+            let facts = slot.and_then(|s| self.facts_at(s));
             self.first_state(name, facts, exclusions, from_request, assumed, now)
                 .map(|s| NodeRef::Built(Box::new(s)))
         };
@@ -247,7 +246,14 @@ impl Index {
             let (sent, binds) = (FastMap::default(), FastMap::default());
             // No time at which the heartbeat is stale: that is judged below, per call.
             let never = f64::NEG_INFINITY;
-            let own = self.first_state(name, facts(slot), Exclusions::Ignore, &sent, &binds, never);
+            let own = self.first_state(
+                name,
+                self.facts_at(slot),
+                Exclusions::Ignore,
+                &sent,
+                &binds,
+                never,
+            );
             own.ok()
         });
         let Some(own) = own else {

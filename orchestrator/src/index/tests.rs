@@ -660,10 +660,7 @@ fn lent_states_follow_every_write() {
         let built: Vec<Result<NodeState, String>> = names
             .iter()
             .map(|&n| {
-                let facts = idx
-                    .slot_of
-                    .get(n)
-                    .and_then(|slot| idx.facts_at(idx.slot_of.name(slot)?, slot));
+                let facts = idx.slot_of.get(n).and_then(|slot| idx.facts_at(slot));
                 idx.first_state(n, facts, Exclusions::Apply, &sent, &binds, now)
             })
             .collect();
