@@ -267,11 +267,14 @@ impl Index {
         }
     }
 
-    /// Adds, replaces or (`None`) forgets ResourceSlice `name` (the slice watch).
+    /// Adds, replaces or (`None`) forgets ResourceSlice `name` (the slice watch). A slice event
+    /// that changes nothing Kudos summarises of it (another field, a resync) changes nothing
+    /// here either.
     pub fn apply_slice(&mut self, name: &str, devices: Option<slices::SliceDevices>) {
-        self.generation += 1;
-        self.slices.apply(name, devices);
-        self.forget_states();
+        if self.slices.apply(name, devices) {
+            self.generation += 1;
+            self.forget_states();
+        }
     }
 
     /// Replaces every ResourceSlice (the slice watch's full list).
@@ -548,8 +551,13 @@ impl Index {
 
     // === writers: ingestion ===
 
-    /// Records the device health a plugin reported: `(healthy, total)` for one vendor.
+    /// Records the device health a plugin reported: `(healthy, total)` for one vendor. Plugins
+    /// report again every few minutes with nothing new (`--report-interval`); the same health
+    /// again leaves the generation, and so the filter → prioritize reuse, alone.
     pub fn set_device_health(&mut self, node: &str, vendor: &str, health: (u32, u32)) {
+        if self.facts(node).and_then(|f| f.device_health.get(vendor)) == Some(&health) {
+            return;
+        }
         self.generation += 1;
         self.facts_mut(node)
             .device_health

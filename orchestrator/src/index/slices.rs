@@ -78,8 +78,17 @@ pub struct SliceInventory {
 }
 
 impl SliceInventory {
-    /// Adds or replaces slice `name` (`None`: not ours, forgotten).
-    pub fn apply(&mut self, name: &str, devices: Option<SliceDevices>) {
+    /// Adds or replaces slice `name` (`None`: not ours, forgotten). Returns whether what is
+    /// kept changed.
+    pub fn apply(&mut self, name: &str, devices: Option<SliceDevices>) -> bool {
+        let kept = self
+            .node_of
+            .get(name)
+            .and_then(|node| self.by_node.get(node)?.get(name));
+        if kept == devices.as_ref() {
+            return false;
+        }
+        let had = kept.is_some();
         if let Some(old) = self.node_of.remove(name)
             && let Some(m) = self.by_node.get_mut(&old)
         {
@@ -89,7 +98,7 @@ impl SliceInventory {
             }
         }
         let Some(d) = devices else {
-            return;
+            return true;
         };
         if self.node_of.len() >= MAX_SLICES {
             tracing::warn!(
@@ -97,13 +106,14 @@ impl SliceInventory {
                 limit = MAX_SLICES,
                 "too many ResourceSlices of the Kudos driver; ignoring this one"
             );
-            return;
+            return had;
         }
         self.node_of.insert(name.to_owned(), d.node.clone());
         self.by_node
             .entry(d.node.clone())
             .or_default()
             .insert(name.to_owned(), d);
+        true
     }
 
     /// Replaces everything (a watch restart's full list).
@@ -201,7 +211,9 @@ mod tests {
         };
         inv.apply("a-1", Some(d("a", 3, 4)));
         inv.apply("a-2", Some(d("a", 2, 2)));
-        inv.apply("b-1", Some(d("b", 1, 1)));
+        assert!(inv.apply("b-1", Some(d("b", 1, 1))));
+        assert!(!inv.apply("b-1", Some(d("b", 1, 1))), "the same again");
+        assert!(!inv.apply("c-1", None), "an unknown slice gone");
         assert_eq!(inv.node("a").map(|n| n.0), Some((5, 6)));
         inv.apply("a-2", None);
         assert_eq!(inv.node("a").map(|n| n.0), Some((3, 4)));

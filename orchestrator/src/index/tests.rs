@@ -594,6 +594,49 @@ fn the_generation_moves_with_score_inputs_not_with_pods() {
     assert_eq!(state(&idx, "n1", 0.0).health, NodeHealth::Healthy);
 }
 
+/// Plugins report every few minutes and ResourceSlices are resent with nothing new: the same
+/// device health or slice again leaves the generation alone; a change moves it.
+#[test]
+fn reports_with_nothing_new_leave_the_generation_alone() {
+    let mut idx = mk_index();
+    idx.reset_nodes(vec![node_info(&mk_node("n1", 4, true), GPU)]);
+    idx.set_device_health("n1", "nvidia", (4, 4));
+    let g = idx.generation();
+    idx.set_device_health("n1", "nvidia", (4, 4));
+    assert_eq!(idx.generation(), g, "the same health again");
+    assert_eq!(state(&idx, "n1", 0.0).health, NodeHealth::Healthy);
+    idx.set_device_health("n1", "nvidia", (0, 4));
+    let failed = idx.generation();
+    assert!(failed > g, "every device failed");
+    assert!(matches!(
+        state(&idx, "n1", 0.0).health,
+        NodeHealth::Unhealthy { .. }
+    ));
+    idx.set_device_health("n1", "amd", (4, 4));
+    assert!(idx.generation() > failed, "another vendor's first report");
+
+    let slice = |healthy| crate::index::slices::SliceDevices {
+        node: "n1".into(),
+        total: 4,
+        healthy,
+        ..Default::default()
+    };
+    idx.apply_slice("n1-gpu", Some(slice(4)));
+    let g = idx.generation();
+    idx.apply_slice("n1-gpu", Some(slice(4)));
+    idx.apply_slice("n2-gpu", None);
+    assert_eq!(
+        idx.generation(),
+        g,
+        "the same slice again, an unknown one gone"
+    );
+    idx.apply_slice("n1-gpu", Some(slice(2)));
+    let tainted = idx.generation();
+    assert!(tainted > g, "devices tainted");
+    idx.apply_slice("n1-gpu", None);
+    assert!(idx.generation() > tainted, "the slice deleted");
+}
+
 /// One entry per node holds what every source knows of it; the entry goes when the last source
 /// lets go (the state is bounded by nodes that exist), and what each source said survives the
 /// others' changes.

@@ -517,6 +517,16 @@ async fn prioritize_reuse_survives_pods_binding_in_between() {
     post(&app, "/kudos/v1/prioritize", args(&["gpu-a", "gpu-b"])).await;
     let (_, e) = get(&app, "/explain/default/r").await;
     assert_eq!(verb(&e), "prioritize", "ranked again after a device failed");
+    index.write().set_device_health("gpu-b", "amd", (8, 8));
+    post(&app, "/kudos/v1/filter", args(&["gpu-b"])).await;
+    index.write().set_device_health("gpu-b", "amd", (8, 8));
+    post(&app, "/kudos/v1/prioritize", args(&["gpu-b"])).await;
+    let (_, e) = get(&app, "/explain/default/r").await;
+    assert_eq!(
+        verb(&e),
+        "filter",
+        "reused across a plugin's periodic report with the same health"
+    );
 }
 
 #[tokio::test]
