@@ -11,7 +11,10 @@
 //!
 //! Then the same prioritize loop while run reports arrive at 100/s over many classes, twice:
 //! through the shipped learner (refit on a copy, pointer swap) and the old way (every report
-//! refits under the index write lock), to show what learning costs the extender.
+//! refits under the index write lock), to show what learning costs the extender: each phase
+//! also counts how often the model changed during its calls (models published, or runs
+//! refitted under the lock) and the mean latency of the calls during which it did against the
+//! others'.
 //!
 //! Run: `cargo bench -p kudos-orchestrator --bench prioritize` (optional args: node counts;
 //! `KUDOS_BENCH_MODEL_RUNS=N` first grows the model by N runs, for ingestion into a model of
@@ -390,15 +393,27 @@ fn main() {
     println!(
         "\nprioritize while {REPORTS_PER_SECOND} run reports/s arrive over {INGEST_CLASSES} classes"
     );
-    println!("nodes  ingestion  calls  p50_us  p99_us  max_us  runs_learned");
-    for (n, mode, (lat, learned)) in ingest_rows {
+    println!(
+        "nodes  ingestion  calls  p50_us  p99_us  max_us  runs_learned  model_changes_during_calls  mean_us_calls_with_a_change  mean_us_other_calls"
+    );
+    for (n, mode, ingested) in ingest_rows {
+        let Ingested {
+            lat,
+            learned,
+            model_changes,
+            mean_with_change,
+            mean_without,
+        } = ingested;
+        let us = |d: Option<Duration>| d.map_or("-".to_string(), |d| d.as_micros().to_string());
         println!(
-            "{n:>5}  {:>9}  {:>5}  {:>6}  {:>6}  {:>6}  {learned:>12}",
+            "{n:>5}  {:>9}  {:>5}  {:>6}  {:>6}  {:>6}  {learned:>12}  {model_changes:>26}  {:>27}  {:>19}",
             mode.name(),
             lat.len(),
             pct(&lat, 0.5).as_micros(),
             pct(&lat, 0.99).as_micros(),
             lat.last().unwrap().as_micros(),
+            us(mean_with_change),
+            us(mean_without),
         );
     }
 }
@@ -476,6 +491,17 @@ fn grow_model(index: &SharedIndex, nodes: usize, runs: u64) {
 /// Prioritize latencies while runs arrive at `REPORTS_PER_SECOND` over `INGEST_CLASSES`
 /// classes, and how many runs the model had learned by the end. Both modes feed the served
 /// index, so the learner (measured second) starts from the larger model.
+/// One ingestion phase: sorted latencies, runs learned, how often the model the rankings read
+/// changed during the calls (models the learner published, or runs refitted under the lock),
+/// and the mean latency of the calls during which it changed against the others'.
+struct Ingested {
+    lat: Vec<Duration>,
+    learned: u64,
+    model_changes: u64,
+    mean_with_change: Option<Duration>,
+    mean_without: Option<Duration>,
+}
+
 fn while_ingesting(
     rt: &tokio::runtime::Runtime,
     base: &SharedIndex,
@@ -484,8 +510,9 @@ fn while_ingesting(
     conn: &mut BufReader<std::net::TcpStream>,
     reqs: &[Vec<u8>],
     calls: usize,
-) -> (Vec<Duration>, u64) {
+) -> Ingested {
     let index = base.clone();
+    let metrics = Arc::new(Metrics::new());
     let handle = rt.handle().clone();
     let first_seq = index.read().applied_seq() + 1;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -496,11 +523,7 @@ fn while_ingesting(
             Ingest::Learner => {
                 let learner = {
                     let _rt = rt.enter();
-                    kudos_orchestrator::learn::Learner::spawn(
-                        index.clone(),
-                        Arc::new(Metrics::new()),
-                        None,
-                    )
+                    kudos_orchestrator::learn::Learner::spawn(index.clone(), metrics.clone(), None)
                 };
                 std::thread::spawn(move || {
                     let mut seq = first_seq;
@@ -526,15 +549,43 @@ fn while_ingesting(
     };
     // Let the model grow into many classes before measuring.
     std::thread::sleep(Duration::from_secs(2));
+    // What the rankings saw change during the calls: models the learner published, or runs
+    // refitted under the lock (each one a changed model).
+    let changes = || match mode {
+        Ingest::Learner => metrics.model_publishes.get(),
+        Ingest::InLock => index.read().applied_seq(),
+    };
+    let changes_before = changes();
     let mut lat = Vec::with_capacity(calls);
+    // Each call's latency and whether the model changed while it ran.
+    let mut seen = Vec::with_capacity(calls);
+    let mut last = changes_before;
     for i in 0..calls {
         let t = Instant::now();
         call(conn, nth(reqs, i));
-        lat.push(t.elapsed());
+        let took = t.elapsed();
+        let now = changes();
+        lat.push(took);
+        seen.push((took, now != last));
+        last = now;
     }
+    let model_changes = last - changes_before;
+    let mean = |changed: bool| {
+        let (sum, n) = seen
+            .iter()
+            .filter(|s| s.1 == changed)
+            .fold((Duration::ZERO, 0u32), |(sum, n), s| (sum + s.0, n + 1));
+        sum.checked_div(n)
+    };
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = feeder.join();
     lat.sort();
     let learned = index.read().applied_seq().saturating_sub(first_seq - 1);
-    (lat, learned)
+    Ingested {
+        mean_with_change: mean(true),
+        mean_without: mean(false),
+        lat,
+        learned,
+        model_changes,
+    }
 }
