@@ -125,13 +125,16 @@ impl RunLedger {
         self.len
     }
 
-    /// A ledger of `entries` (each keeps its `seq`), the next insertion numbered `next_seq`.
+    /// A ledger of `entries` (each keeps its `seq`), the next insertion numbered `next_seq` or
+    /// after the newest entry, whichever is later: a stored `next_seq` behind its entries (damage)
+    /// would give a new run the seq of an old one, and one of the two would never be evicted.
     fn from_flat(entries: impl IntoIterator<Item = (String, RunEntry)>, next_seq: u64) -> Self {
         let mut ledger = Self {
             next_seq,
             ..Self::default()
         };
         for (key, entry) in entries {
+            ledger.next_seq = ledger.next_seq.max(entry.seq.saturating_add(1));
             let shard = Arc::make_mut(&mut ledger.shards[Self::shard_of(&key)]);
             shard.order.insert(entry.seq, key.clone());
             if shard.entries.insert(key, entry).is_none() {
@@ -275,10 +278,20 @@ mod tests {
                 "next_seq": 4,
             })
         );
-        let mut back: RunLedger = serde_json::from_value(json).expect("reads back");
+        let mut back: RunLedger = serde_json::from_value(json.clone()).expect("reads back");
         assert_eq!(back, l);
         let gone = back.insert("d", entry(4.0), 3);
         assert_eq!(gone.iter().map(|e| e.end).collect::<Vec<_>>(), vec![1.0]);
+
+        // A stored next_seq behind its entries: new runs still number after the newest.
+        let mut damaged = json;
+        damaged["next_seq"] = serde_json::json!(0);
+        let mut back: RunLedger = serde_json::from_value(damaged).expect("reads back");
+        for (i, key) in ["d", "e", "f"].into_iter().enumerate() {
+            back.insert(key, entry(10.0 + i as f64), 3);
+        }
+        assert_eq!(back.len(), 3);
+        assert!(["d", "e", "f"].iter().all(|k| back.get(k).is_some()));
     }
 
     #[test]
