@@ -488,9 +488,6 @@ fn grow_model(index: &SharedIndex, nodes: usize, runs: u64) {
     );
 }
 
-/// Prioritize latencies while runs arrive at `REPORTS_PER_SECOND` over `INGEST_CLASSES`
-/// classes, and how many runs the model had learned by the end. Both modes feed the served
-/// index, so the learner (measured second) starts from the larger model.
 /// One ingestion phase: sorted latencies, runs learned, how often the model the rankings read
 /// changed during the calls (models the learner published, or runs refitted under the lock),
 /// and the mean latency of the calls during which it changed against the others'.
@@ -502,6 +499,10 @@ struct Ingested {
     mean_without: Option<Duration>,
 }
 
+/// Prioritize latencies while runs arrive at `REPORTS_PER_SECOND` over `INGEST_CLASSES`
+/// classes, how many runs the model had learned by the end, and how the calls fared when the
+/// model changed under them ([`Ingested`]). Both modes feed the served index, so the learner
+/// (measured second) starts from the larger model.
 fn while_ingesting(
     rt: &tokio::runtime::Runtime,
     base: &SharedIndex,
@@ -556,7 +557,6 @@ fn while_ingesting(
         Ingest::InLock => index.read().applied_seq(),
     };
     let changes_before = changes();
-    let mut lat = Vec::with_capacity(calls);
     // Each call's latency and whether the model changed while it ran.
     let mut seen = Vec::with_capacity(calls);
     let mut last = changes_before;
@@ -565,7 +565,6 @@ fn while_ingesting(
         call(conn, nth(reqs, i));
         let took = t.elapsed();
         let now = changes();
-        lat.push(took);
         seen.push((took, now != last));
         last = now;
     }
@@ -579,6 +578,7 @@ fn while_ingesting(
     };
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = feeder.join();
+    let mut lat: Vec<Duration> = seen.iter().map(|s| s.0).collect();
     lat.sort();
     let learned = index.read().applied_seq().saturating_sub(first_seq - 1);
     Ingested {
