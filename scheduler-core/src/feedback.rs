@@ -37,13 +37,28 @@ use thiserror::Error;
 
 use crate::config::SchedulerConfig;
 use crate::predict::{
-    ModelState, NodeCell, Obs, Window, class_key, predict_node, predict_profile,
-    predict_profile_for,
+    MAX_UNSETTLED_CLASSES, ModelState, NodeCell, Obs, Unsettled, Window, class_key, predict_node,
+    predict_profile, predict_profile_for,
 };
 use crate::review::good_probability;
 use crate::runs::RunEntry;
 use crate::score::{decay, good_rate, to_score};
 use crate::types::{Feedback, Review, RunObservation, Timestamp};
+
+/// When an observation refits the transfer model (see [`crate::Scheduler::observe_with`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refit {
+    /// The whole fit on every observation: each one's predictions see every earlier run.
+    /// Costs every (class, profile) cell of the model per run, about 1 ms at 1,000 classes.
+    EveryRun,
+    /// Only the observed class's level (its effect against the current profile effects, and
+    /// its fastest cell, which the run's review is made against) per run, costing that class's
+    /// cells; the profile effects, the interaction spread and the similar-class rows wait for
+    /// [`crate::Scheduler::settle`], which makes the whole fit once for every run since. Until then the
+    /// next runs' clipping and third queues use profile effects that lack the runs since the
+    /// last settle. A model must be settled before it ranks.
+    Deferred,
+}
 
 /// Clip of one observation around the prediction, in prediction standard deviations.
 const CLIP_SDS: f64 = 4.0;
@@ -219,7 +234,7 @@ pub fn observe(
     run: &RunObservation,
     now: Timestamp,
 ) -> Result<Feedback, ObserveError> {
-    observe_run(config, state, None, run, now)
+    observe_run(config, state, None, run, now, Refit::EveryRun)
 }
 
 /// Withdraws a keyed run's current observation from its cells (see [`crate::runs`]).
@@ -242,6 +257,7 @@ pub fn observe_run(
     run_key: Option<&str>,
     run: &RunObservation,
     now: Timestamp,
+    refit: Refit,
 ) -> Result<Feedback, ObserveError> {
     let m = measure(run)?;
     let (actual, weight, raw_x) = (m.actual_seconds, m.weight, m.log_per_unit);
@@ -257,6 +273,11 @@ pub fn observe_run(
         Some((_, e)) => Some(e.clone()),
         None => None,
     };
+    if refit == Refit::EveryRun {
+        // A refit owed by deferred observations comes first: this one's refit recomputes only
+        // its own class's similar-class row.
+        state.settle(config);
+    }
     if let Some(e) = &previous {
         withdraw(state, e);
     }
@@ -347,10 +368,28 @@ pub fn observe_run(
         };
     }
     cell.window.push(obs, window);
+    let runs_before = state.runs;
     if first_report {
         state.runs += 1;
     }
-    state.refit(config, Some(&class_key));
+    match refit {
+        Refit::EveryRun => state.refit(config, Some(&class_key)),
+        Refit::Deferred => {
+            state.refit_class(config, &class_key);
+            let owed = state.unsettled.get_or_insert_with(|| Unsettled {
+                runs_before,
+                ..Unsettled::default()
+            });
+            if !owed.all && !owed.classes.contains(&class_key) {
+                if owed.classes.len() >= MAX_UNSETTLED_CLASSES {
+                    owed.all = true;
+                    owed.classes.clear();
+                } else {
+                    owed.classes.insert(class_key.clone());
+                }
+            }
+        }
+    }
 
     let factor = config.threshold_factor_for(&run.class);
     let half_life = config.review_half_life_seconds;

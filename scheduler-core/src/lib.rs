@@ -49,7 +49,7 @@ pub mod types;
 pub mod vendor_outcomes;
 
 pub use config::{BetaPrior, ClassConfig, ConfigError, Exploration, MergeWeights, SchedulerConfig};
-pub use feedback::ObserveError;
+pub use feedback::{ObserveError, Refit};
 pub use name::Name;
 pub use place::PlaceError;
 pub use predict::ModelState;
@@ -168,7 +168,38 @@ impl Scheduler {
         run: &RunObservation,
         now: Timestamp,
     ) -> Result<Feedback, ObserveError> {
-        feedback::observe_run(&self.config, &mut self.state, Some(run_key), run, now)
+        feedback::observe_run(
+            &self.config,
+            &mut self.state,
+            Some(run_key),
+            run,
+            now,
+            Refit::EveryRun,
+        )
+    }
+
+    /// [`Scheduler::observe_run`] (or, without `run_key`, [`Scheduler::observe`]) with the
+    /// refit chosen: [`Refit::Deferred`] is for a learner that publishes a copy of the model
+    /// now and then and calls [`Scheduler::settle`] before each copy.
+    pub fn observe_with(
+        &mut self,
+        run_key: Option<&str>,
+        run: &RunObservation,
+        now: Timestamp,
+        refit: Refit,
+    ) -> Result<Feedback, ObserveError> {
+        feedback::observe_run(&self.config, &mut self.state, run_key, run, now, refit)
+    }
+
+    /// Makes the refit deferred observations owe (see [`Refit::Deferred`]); nothing on a
+    /// settled model.
+    pub fn settle(&mut self) {
+        self.state.settle(&self.config);
+    }
+
+    /// Whether every observation's refit is made (no [`Refit::Deferred`] one is owed).
+    pub fn is_settled(&self) -> bool {
+        self.state.unsettled.is_none()
     }
 
     /// The current prediction for `(class, node, profile)` without a pod (metrics, MAPE).

@@ -344,7 +344,28 @@ pub struct ModelState {
     /// Final runs per class and vendor (see [`crate::vendor_outcomes`]).
     #[serde(default)]
     pub(crate) vendor_outcomes: crate::vendor_outcomes::VendorOutcomes,
+    /// What observations learned with [`crate::Refit::Deferred`] left for
+    /// [`ModelState::settle`]; `None` when the model is settled. Never stored: a stored model
+    /// is refitted whole when it is read.
+    #[serde(skip)]
+    pub(crate) unsettled: Option<Unsettled>,
 }
+
+/// The model-wide refit that deferred observations owe (see [`crate::Refit::Deferred`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Unsettled {
+    /// [`ModelState::runs`] before the first deferred observation: the settle makes the full
+    /// similar-class pass if a multiple of its period was crossed since.
+    pub runs_before: u64,
+    /// Classes observed since, whose similar-class rows the settle recomputes.
+    pub classes: std::collections::BTreeSet<String>,
+    /// More classes than [`MAX_UNSETTLED_CLASSES`] were observed: every row is recomputed.
+    pub all: bool,
+}
+
+/// Classes an unsettled model lists by name before it recomputes every class's row instead
+/// (class names are user input; the list must not grow with them).
+pub(crate) const MAX_UNSETTLED_CLASSES: usize = 4096;
 
 impl ModelState {
     /// Classes with at least one run; a class's runs with `g > 1` GPUs per pod are listed as

@@ -35,6 +35,70 @@ impl ModelState {
     /// class, except every `SIMILAR_FULL_EVERY` runs (or every classes' next power of two runs,
     /// when there are more classes).
     pub(crate) fn refit(&mut self, config: &SchedulerConfig, touched: Option<&str>) {
+        let full = touched.is_none() || self.runs.is_multiple_of(self.similar_period());
+        self.fit(config, full, &|class| touched == Some(class));
+    }
+
+    /// Runs between two full similar-class passes. The full pass costs classes² x profiles;
+    /// running it every `period` runs, with the period growing with the number of classes,
+    /// keeps its share of each run's work linear in classes. A class's own row is recomputed on
+    /// each of its runs, and with C classes each one runs about once every C runs anyway, so
+    /// the other rows are no staler than the traffic makes them. (The power of two keeps the
+    /// period steady while classes come and go.)
+    fn similar_period(&self) -> u64 {
+        SIMILAR_FULL_EVERY.max((self.classes.len() as u64).next_power_of_two())
+    }
+
+    /// The part of [`ModelState::refit`] one observation of `class_key` needs at once (what
+    /// [`crate::Refit::Deferred`] does per run): the class's effect against the current profile
+    /// effects, which is the fit's class step with them held, and its fastest cell. Costs the
+    /// class's cells, not the model's.
+    pub(crate) fn refit_class(&mut self, config: &SchedulerConfig, class_key: &str) {
+        let Some(class) = self.classes.get(class_key) else {
+            return;
+        };
+        let (mut sum, mut weight) = (0.0, 0.0);
+        for (key, cell) in &class.cells {
+            // The profile's effect as the full fit would start from it.
+            let beta = self.profile_effects.get(key).map_or_else(
+                || {
+                    -capability(&cell.profile.model, &config.capability_overrides)
+                        .speed
+                        .ln()
+                },
+                |e| e.effect,
+            );
+            let (y, n) = (cell.window.est.mean, cell.window.est.n);
+            sum += n * (y - beta);
+            weight += n;
+        }
+        let effect = (weight > 0.0).then(|| sum / weight);
+        let best = class
+            .cells
+            .values()
+            .map(|c| c.window.est.mean)
+            .min_by(f64::total_cmp);
+        if let Some(class) = self.classes.get_mut(class_key) {
+            class.effect = effect;
+            class.best = best;
+        }
+    }
+
+    /// Makes the refit that deferred observations left (see [`crate::Refit::Deferred`]): the
+    /// whole fit, the similar-class rows of the classes observed since, and the full pass if
+    /// its period came round meanwhile. Nothing to do on a settled model.
+    pub(crate) fn settle(&mut self, config: &SchedulerConfig) {
+        let Some(owed) = self.unsettled.take() else {
+            return;
+        };
+        let period = self.similar_period();
+        let full = owed.all || self.runs / period != owed.runs_before / period;
+        self.fit(config, full, &|class| owed.classes.contains(class));
+    }
+
+    /// The fit itself: every class and profile effect, and the similar-class rows of every
+    /// class when `full`, else of the classes `row_of` names.
+    fn fit(&mut self, config: &SchedulerConfig, full: bool, row_of: &dyn Fn(&str) -> bool) {
         let mut keys: Vec<&str> = Vec::new();
         let mut prior: Vec<f64> = Vec::new();
         // Profile key → its index. Hashed, not ordered: every cell of every class looks its key
@@ -220,19 +284,11 @@ impl ModelState {
             }
             out
         };
-        // The full pass costs classes² x profiles; running it every `period` runs, with the
-        // period growing with the number of classes, keeps its share of each run's work linear
-        // in classes. A class's own row is recomputed on each of its runs, and with C classes
-        // each one runs about once every C runs anyway, so the other rows are no staler than
-        // the traffic makes them. (The power of two keeps the period steady while classes
-        // come and go.)
-        let period = SIMILAR_FULL_EVERY.max((n_classes as u64).next_power_of_two());
-        let full = touched.is_none() || self.runs.is_multiple_of(period);
         let rows: Vec<Option<BTreeMap<String, (f64, f64)>>> = self
             .classes
             .keys()
             .enumerate()
-            .map(|(ci, name)| (full || touched == Some(name.as_str())).then(|| row(ci)))
+            .map(|(ci, name)| (full || row_of(name)).then(|| row(ci)))
             .collect();
         for (class, row) in self.classes.values_mut().zip(rows) {
             if let Some(row) = row {
@@ -248,5 +304,165 @@ impl ModelState {
                 .map(|c| c.window.est.mean)
                 .min_by(f64::total_cmp);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::tests::{profile, run};
+    use crate::{Refit, Scheduler, SchedulerConfig};
+
+    const MODELS: [&str; 5] = ["Tesla V100", "Tesla K80", "A100", "H100 SXM", "T4"];
+
+    /// Run `i` of a stream over 12 classes and 20 nodes (four of each model); each class runs
+    /// on three of the five models, so the similar-class rows have something to predict.
+    fn stream(i: usize) -> (String, crate::RunObservation, f64) {
+        let class = i % 12;
+        let model = (class + i / 12 % 3) % MODELS.len();
+        let node = format!("n{}-{model}", i / 7 % 4);
+        let speed = [1.0, 0.3, 2.2, 3.1, 0.6][model];
+        let class_speedup = 1.0 + 0.15 * ((class * 7 + model * 3) % 5) as f64;
+        let noise = 1.0 + 0.03 * ((i * 37 % 11) as f64 - 5.0) / 5.0;
+        let seconds = 600.0 * (1.0 + class as f64) / (speed * class_speedup) * noise;
+        let end = 1_000.0 + 10.0 * i as f64;
+        let r = run(
+            &node,
+            MODELS[model],
+            &format!("class-{class}"),
+            seconds,
+            end,
+        );
+        (format!("run-{i}"), r, end)
+    }
+
+    /// Predicted seconds of every (class, model), on a node with no history of its own.
+    fn predictions(s: &Scheduler) -> Vec<f64> {
+        (0..12)
+            .flat_map(|c| {
+                MODELS.map(|m| {
+                    s.predict(&format!("class-{c}"), "elsewhere", &profile(m), None)
+                        .seconds
+                })
+            })
+            .collect()
+    }
+
+    fn close(a: &[f64], b: &[f64], rel: f64) -> bool {
+        a.iter()
+            .zip(b)
+            .all(|(x, y)| ((x - y) / x.abs().max(1e-9)).abs() <= rel)
+    }
+
+    #[test]
+    fn deferred_observations_settle_to_the_fit_of_every_run() {
+        let config = SchedulerConfig::default();
+        let mut every = Scheduler::new(config.clone());
+        let mut deferred = Scheduler::new(config.clone());
+        for i in 0..600 {
+            let (key, r, now) = stream(i);
+            let a = every.observe_run(&key, &r, now).unwrap();
+            let b = deferred
+                .observe_with(Some(&key), &r, now, Refit::Deferred)
+                .unwrap();
+            // The run's review is against its class's fastest cell, which a deferred
+            // observation keeps current.
+            assert_eq!(a.review, b.review, "run {i}");
+            assert!(!deferred.is_settled());
+            if i % 50 == 49 {
+                deferred.settle();
+                assert!(deferred.is_settled());
+                // The similar-class rows of classes not observed since the last full pass are
+                // as old as that pass in either model; the effects and spread are fitted anew.
+                let (full_a, full_b) = (
+                    Scheduler::with_state(config.clone(), every.state().clone()),
+                    Scheduler::with_state(config.clone(), deferred.state().clone()),
+                );
+                assert!(
+                    close(&predictions(&full_a), &predictions(&full_b), 1e-5),
+                    "after run {i} the deferred model holds other data than the every-run one"
+                );
+            }
+        }
+        deferred.settle();
+        // Profiles a class has not run on borrow from similar classes' rows, which the two
+        // models recompute at different runs (0.04 % apart here at most).
+        let (a, b) = (predictions(&every), predictions(&deferred));
+        assert!(
+            close(&a, &b, 0.005),
+            "settled predictions drifted: {a:?} vs {b:?}"
+        );
+        // Profiles each class has run on come from the same fit, to its tolerance.
+        for c in 0..12 {
+            for m in 0..3 {
+                let model = MODELS[(c + m) % MODELS.len()];
+                let class = format!("class-{c}");
+                let pa = every.predict(&class, "elsewhere", &profile(model), None);
+                let pb = deferred.predict(&class, "elsewhere", &profile(model), None);
+                assert!(
+                    close(&[pa.seconds], &[pb.seconds], 1e-5),
+                    "{class} on {model}: {} vs {}",
+                    pa.seconds,
+                    pb.seconds
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_deferred_refit_is_owed_until_settled_or_an_every_run_observation() {
+        let mut s = Scheduler::new(SchedulerConfig::default());
+        for i in 0..40 {
+            let (key, r, now) = stream(i);
+            s.observe_run(&key, &r, now).unwrap();
+        }
+        let before = predictions(&s);
+        // A class's level moves at once; the profile effects (another class's predictions)
+        // wait for the settle.
+        let (key, mut r, now) = stream(40);
+        let other = "class-5";
+        assert_ne!(r.class, other);
+        r.start = r.end - (r.end - r.start) * 3.0;
+        let own = |s: &Scheduler| {
+            s.predict(&r.class, "elsewhere", &profile(&r.profile.model), None)
+                .seconds
+        };
+        let theirs = |s: &Scheduler| {
+            s.predict(other, "elsewhere", &profile("A100"), None)
+                .seconds
+        };
+        let (own_before, theirs_before) = (own(&s), theirs(&s));
+        s.observe_with(Some(&key), &r, now, Refit::Deferred)
+            .unwrap();
+        assert!(
+            own(&s) > own_before * 1.01,
+            "the class's own level moves at once"
+        );
+        assert_eq!(
+            theirs(&s),
+            theirs_before,
+            "profile effects wait for the settle"
+        );
+        assert_ne!(predictions(&s), before);
+        // An every-run observation settles what was owed before its own refit.
+        let mut mixed = s.clone();
+        let mut settled = s.clone();
+        settled.settle();
+        let settled_before = predictions(&settled);
+        let (key, r, now) = stream(41);
+        mixed.observe_run(&key, &r, now).unwrap();
+        settled.observe_run(&key, &r, now).unwrap();
+        assert!(mixed.is_settled());
+        assert_eq!(predictions(&mixed), predictions(&settled));
+        // Settling moved the other class too, and is the same whenever it is made.
+        s.settle();
+        assert_ne!(theirs(&s), theirs_before);
+        assert_eq!(predictions(&s), settled_before);
+        let again = predictions(&s);
+        s.settle();
+        assert_eq!(
+            predictions(&s),
+            again,
+            "a settled model has nothing to settle"
+        );
     }
 }
