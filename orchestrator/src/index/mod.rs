@@ -39,8 +39,8 @@ use crate::fifo::FifoMap;
 use crate::kobj::{NodeInfo, PodFacts, Requests};
 use crate::state::{PluginConfig, ProfileRecord, RunOutcome, StoredRun};
 use kudos_scheduler_core::{
-    DeviceProfile, Feedback, ModelState, Name, NodeHealth, NodeState, RunObservation, Scheduler,
-    SchedulerConfig,
+    DeviceProfile, Feedback, ModelState, Name, NodeHealth, NodeState, Refit, RunObservation,
+    Scheduler, SchedulerConfig,
 };
 use name_slots::NameSlots;
 use parking_lot::RwLock;
@@ -628,6 +628,10 @@ impl Index {
     /// thousands of classes takes milliseconds, and every ranking would wait for it.
     #[must_use = "drop the replaced model after the index lock is released"]
     pub fn publish_model(&mut self, model: Arc<Scheduler>, applied_seq: u64) -> Arc<Scheduler> {
+        debug_assert!(
+            model.is_settled(),
+            "a model owing a deferred refit must be settled before it ranks"
+        );
         self.generation += 1;
         self.applied_seq = self.applied_seq.max(applied_seq);
         std::mem::replace(&mut self.scheduler, model)
@@ -768,9 +772,19 @@ fn pod_key(pod: &PodFacts) -> String {
     }
 }
 
-/// Feeds one stored run to `scheduler`; `Ok(None)` when the run is not observable (failed,
-/// unclassified, or no device profile).
+/// Feeds one stored run to `scheduler`, refitting the whole model; `Ok(None)` when the run is
+/// not observable (failed, unclassified, or no device profile).
 pub fn apply_run(scheduler: &mut Scheduler, run: &StoredRun) -> Result<Option<Feedback>, String> {
+    apply_run_with(scheduler, run, Refit::EveryRun)
+}
+
+/// [`apply_run`] with the refit chosen: the learner defers the model-wide refit to the copy it
+/// publishes ([`Refit::Deferred`], then [`Scheduler::settle`]).
+pub fn apply_run_with(
+    scheduler: &mut Scheduler,
+    run: &StoredRun,
+    refit: Refit,
+) -> Result<Option<Feedback>, String> {
     // Final runs, failed ones included, count per vendor: failures on a vendor the class never
     // completes on keep it off that vendor (scheduler-core `vendor_outcomes`).
     if let Some(p) = &run.profile
@@ -796,12 +810,10 @@ pub fn apply_run(scheduler: &mut Scheduler, run: &StoredRun) -> Result<Option<Fe
         work_units: run.work_done,
     };
     // One observation per run: its snapshots (same run ID) replace each other.
-    let fb = if run.run_id.is_empty() {
-        scheduler.observe(&obs, run.received_at)
-    } else {
-        scheduler.observe_run(&run.run_id, &obs, run.received_at)
-    }
-    .map_err(|e| e.to_string())?;
+    let key = (!run.run_id.is_empty()).then_some(run.run_id.as_str());
+    let fb = scheduler
+        .observe_with(key, &obs, run.received_at, refit)
+        .map_err(|e| e.to_string())?;
     Ok(Some(fb))
 }
 

@@ -265,3 +265,53 @@ async fn a_panic_while_learning_loses_no_run() {
     assert_eq!(metrics.learned_runs.get(), 12);
     assert_eq!(metrics.runs_left_out.get(), 0);
 }
+
+/// The learner refits only each run's class per run and the whole model once per copy it
+/// publishes (scheduler-core `Refit::Deferred`): what it publishes is settled and predicts what
+/// refitting on every run predicts. 90 runs over three classes and three device profiles,
+/// several batches and publishes, against the same runs applied one by one under the lock.
+#[tokio::test]
+async fn the_learner_publishes_the_model_every_run_refitted() {
+    let nodes = ["gpu-a", "gpu-b", "gpu-c"];
+    let classes = ["resnet50", "bert", "llama"];
+    let learned = standard_index();
+    let every_run = standard_index();
+    let metrics = Arc::new(Metrics::new());
+    let learner = Learner::spawn(learned.clone(), metrics.clone(), None);
+    for seq in 1..=90u64 {
+        let (class, node) = ((seq % 3) as usize, (seq / 3 % 3) as usize);
+        let profile = learned.read().profile(nodes[node]);
+        let mut run = stored_run(seq, nodes[node], profile);
+        run.class = classes[class].into();
+        // Classes differ in level and in how much each device speeds them up.
+        let seconds = 300.0 * (1 + class) as f64 * [1.0, 1.6, 2.9][(node + class) % 3];
+        run.end = run.start + seconds * (1.0 + 0.01 * (seq % 5) as f64);
+        run.gpu_busy_seconds = run.end - run.start;
+        run.received_at = run.end + 1.0;
+        every_run.write().apply_run(&run).expect("learned");
+        learner.learn(run).await;
+        if seq % 10 == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    wait_learned(&learned, 90).await;
+    assert!(metrics.model_publishes.get() >= 2, "several publishes");
+    let (a, b) = (learned.read().model(), every_run.read().model());
+    assert!(a.is_settled());
+    assert_eq!(a.state().runs(), 90);
+    for class in classes {
+        for node in nodes {
+            let profile = kudos_orchestrator::index::to_profile(
+                &learned.read().profile(node).expect("known node"),
+            );
+            let (pa, pb) = (
+                a.predict(class, node, &profile, None).seconds,
+                b.predict(class, node, &profile, None).seconds,
+            );
+            assert!(
+                ((pa - pb) / pb).abs() < 1e-3,
+                "{class} on {node}: learner {pa} s, every run {pb} s"
+            );
+        }
+    }
+}
