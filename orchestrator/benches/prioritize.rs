@@ -30,10 +30,10 @@ use fixture::{body_in_order, body_without_devices, index, node_name, shuffled};
 use kudos_orchestrator::extender::types::ExtenderArgs;
 use kudos_orchestrator::fasthash::FastMap;
 use kudos_orchestrator::http::{HttpLimits, HttpState, router};
-use kudos_orchestrator::index::{Exclusions, SharedIndex};
+use kudos_orchestrator::index::{Exclusions, SharedIndex, apply_run_with};
 use kudos_orchestrator::metrics::Metrics;
 use kudos_orchestrator::state::{RunOutcome, StoredRun};
-use kudos_scheduler_core::PodSpec;
+use kudos_scheduler_core::{PodSpec, Refit};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -272,6 +272,16 @@ fn main() {
             .unwrap_or(0);
         if grow > 0 {
             grow_model(&index, n, grow);
+            // The control for the learning phases below: the grown model, nothing learned
+            // meanwhile, so what a larger model costs a ranking is told apart from what
+            // learning beside it costs.
+            let (lat, _, _, _) = one_at_a_time(&mut conn, &reqs, calls);
+            println!(
+                "(grown model, nothing learned meanwhile: p50 {} us, p99 {} us, max {} us over {calls} calls)",
+                pct(&lat, 0.5).as_micros(),
+                pct(&lat, 0.99).as_micros(),
+                lat.last().map_or(0, Duration::as_micros),
+            );
         }
         for mode in [Ingest::InLock, Ingest::Learner] {
             let lat = while_ingesting(&rt, &index, mode, n, &mut conn, &reqs, calls);
@@ -474,6 +484,7 @@ fn grow_model(index: &SharedIndex, nodes: usize, runs: u64) {
         let run = ingest_run(seq, nodes, index);
         let _ = index.write().apply_run(&run);
     }
+    let grown = t.elapsed();
     let copy = Instant::now();
     let model = index.read().model().as_ref().clone();
     let copy = copy.elapsed();
@@ -481,10 +492,37 @@ fn grow_model(index: &SharedIndex, nodes: usize, runs: u64) {
     drop(model);
     println!(
         "(model grown by {runs} runs over {INGEST_CLASSES} classes in {:.1} s: {} node cells; one copy {:.1} ms, freeing it {:.1} ms)",
-        t.elapsed().as_secs_f64(),
+        grown.as_secs_f64(),
         index.read().scheduler().state().node_cells(),
         copy.as_secs_f64() * 1e3,
         free.elapsed().as_secs_f64() * 1e3,
+    );
+    // What one more run costs to learn at this size, each way, on copies of the grown model:
+    // refitting the whole model (the lock path), or only the run's class with the model-wide
+    // refit made once for the lot (the learner's way, once per publish).
+    let next = first + runs;
+    let sample: Vec<StoredRun> = (next..next + 500)
+        .map(|seq| ingest_run(seq, nodes, index))
+        .collect();
+    let per_run = |refit: Refit| {
+        let mut model = index.read().model().as_ref().clone();
+        let t = Instant::now();
+        for run in &sample {
+            let _ = apply_run_with(&mut model, run, refit);
+        }
+        let learned = t.elapsed() / sample.len() as u32;
+        let t = Instant::now();
+        model.settle();
+        (learned, t.elapsed())
+    };
+    let (every, _) = per_run(Refit::EveryRun);
+    let (deferred, settle) = per_run(Refit::Deferred);
+    println!(
+        "(learning one run at this size: {} us refitting the whole model, {} us refitting its class and then {:.1} ms to settle {} such runs)",
+        every.as_micros(),
+        deferred.as_micros(),
+        settle.as_secs_f64() * 1e3,
+        sample.len(),
     );
 }
 
