@@ -260,3 +260,40 @@ pub async fn wait_learned(index: &SharedIndex, seq: u64) {
     .await
     .expect("the learner published the run");
 }
+
+/// Fitted numbers of the transfer model: the learner refits the whole model once per publish
+/// (scheduler-core `Refit::Deferred`), so where the fit stopped between runs depends on how the
+/// runs fell into batches (before a kill and after it, on a leader and its follower), and the
+/// fit, warm-started from there, agrees to its tolerance rather than to the bit.
+const FITTED: [&str; 3] = ["effect", "interaction_sd", "transfer"];
+
+/// Where two `/state` documents (or parts of them) differ, if they do: everything must be equal
+/// but [`FITTED`] numbers, which may differ by 1e-9 relative.
+pub fn state_difference(a: &serde_json::Value, b: &serde_json::Value) -> Option<String> {
+    difference_at(a, b, "")
+}
+
+fn difference_at(a: &serde_json::Value, b: &serde_json::Value, path: &str) -> Option<String> {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            if !x.keys().eq(y.keys()) {
+                return Some(format!("{path}: keys {:?} and {:?}", x.keys(), y.keys()));
+            }
+            x.iter()
+                .find_map(|(k, v)| difference_at(v, &y[k], &format!("{path}.{k}")))
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find_map(|(i, (v, w))| difference_at(v, w, &format!("{path}[{i}]"))),
+        (Value::Number(x), Value::Number(y))
+            if x != y && FITTED.iter().any(|f| path.split('.').any(|p| p == *f)) =>
+        {
+            let (x, y) = (x.as_f64()?, y.as_f64()?);
+            (((x - y) / x.abs().max(1e-12)).abs() >= 1e-9).then(|| format!("{path}: {x} and {y}"))
+        }
+        _ => (a != b).then(|| format!("{path}: {a} and {b}")),
+    }
+}

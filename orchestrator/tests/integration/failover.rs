@@ -148,7 +148,7 @@ async fn followed(leader: &Orchestrator, follower: &Orchestrator) -> anyhow::Res
     let start = Instant::now();
     loop {
         let (l, f) = (state_of(leader)?, state_of(follower)?);
-        if l == f {
+        if l.0 == f.0 && state_difference(&l.1, &f.1).is_none() {
             return Ok(start.elapsed());
         }
         if start.elapsed() > Duration::from_secs(60) {
