@@ -595,7 +595,6 @@ pub(crate) fn predict_profile(
     profile: &DeviceProfile,
     key: &str,
 ) -> LogPrediction {
-    let cap = capability(&profile.model, &config.capability_overrides);
     let learned = if config.enable_transfer {
         state.profile_effects.get(key).filter(|p| p.weight > 0.0)
     } else {
@@ -607,7 +606,12 @@ pub(crate) fn predict_profile(
             1.0 / (p.weight + PROFILE_PRIOR_WEIGHT).sqrt() * 0.2,
             true,
         ),
-        None => (-cap.speed.ln(), cap.log_sd(), false),
+        // Only here: matching the model's name against the table is a string search per
+        // table entry, and a ranking predicts every distinct profile among its candidates.
+        None => {
+            let cap = capability(&profile.model, &config.capability_overrides);
+            (-cap.speed.ln(), cap.log_sd(), false)
+        }
     };
     let base = match class.and_then(|c| c.effect) {
         Some(mu) => {
