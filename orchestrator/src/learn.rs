@@ -411,7 +411,7 @@ fn relearn_with(
 /// index lock is held only to swap the pointer). Returns the working copy and what copying took.
 async fn publish(
     index: &SharedIndex,
-    working: Scheduler,
+    mut working: Scheduler,
     pending: &mut Unpublished,
     last_publish: &mut Option<tokio::time::Instant>,
     metrics: &Metrics,
@@ -419,7 +419,6 @@ async fn publish(
     let Some(seq) = pending.seq.take() else {
         return (working, std::time::Duration::ZERO);
     };
-    let mut working = working;
     let copied = tokio::task::spawn_blocking(move || {
         // Once per publish, not per run: what the runs since the last one deferred.
         working.settle();

@@ -37,8 +37,8 @@ use thiserror::Error;
 
 use crate::config::SchedulerConfig;
 use crate::predict::{
-    MAX_UNSETTLED_CLASSES, ModelState, NodeCell, Obs, Unsettled, Window, class_key, predict_node,
-    predict_profile, predict_profile_for,
+    ModelState, NodeCell, Obs, Window, class_key, predict_node, predict_profile,
+    predict_profile_for,
 };
 use crate::review::good_probability;
 use crate::runs::RunEntry;
@@ -374,21 +374,7 @@ pub fn observe_run(
     }
     match refit {
         Refit::EveryRun => state.refit(config, Some(&class_key)),
-        Refit::Deferred => {
-            state.refit_class(config, &class_key);
-            let owed = state.unsettled.get_or_insert_with(|| Unsettled {
-                runs_before,
-                ..Unsettled::default()
-            });
-            if !owed.all && !owed.classes.contains(&class_key) {
-                if owed.classes.len() >= MAX_UNSETTLED_CLASSES {
-                    owed.all = true;
-                    owed.classes.clear();
-                } else {
-                    owed.classes.insert(class_key.clone());
-                }
-            }
-        }
+        Refit::Deferred => state.refit_deferred(config, &class_key, runs_before),
     }
 
     let factor = config.threshold_factor_for(&run.class);

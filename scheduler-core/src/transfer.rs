@@ -15,8 +15,8 @@ use std::hash::BuildHasherDefault;
 
 use crate::config::SchedulerConfig;
 use crate::predict::{
-    ModelState, NameHasher, PRIOR_INTERACTION_SD, PRIOR_INTERACTION_WEIGHT, PROFILE_PRIOR_WEIGHT,
-    ProfileEffect, SIMILAR_FULL_EVERY, SIMILAR_PRIOR_WEIGHT,
+    MAX_UNSETTLED_CLASSES, ModelState, NameHasher, PRIOR_INTERACTION_SD, PRIOR_INTERACTION_WEIGHT,
+    PROFILE_PRIOR_WEIGHT, ProfileEffect, SIMILAR_FULL_EVERY, SIMILAR_PRIOR_WEIGHT, Unsettled,
 };
 use crate::prior::capability;
 
@@ -49,35 +49,49 @@ impl ModelState {
         SIMILAR_FULL_EVERY.max((self.classes.len() as u64).next_power_of_two())
     }
 
-    /// The part of [`ModelState::refit`] one observation of `class_key` needs at once (what
-    /// [`crate::Refit::Deferred`] does per run): the class's effect against the current profile
-    /// effects, which is the fit's class step with them held, and its fastest cell. Costs the
-    /// class's cells, not the model's.
-    pub(crate) fn refit_class(&mut self, config: &SchedulerConfig, class_key: &str) {
+    /// What [`crate::Refit::Deferred`] does for one observation of `class_key`: the part of
+    /// [`ModelState::refit`] the observation needs at once (the class's effect against the
+    /// current profile effects, which is the fit's class step with them held, and its fastest
+    /// cell), costing the class's cells, not the model's; and a note of the rest for
+    /// [`ModelState::settle`]. `runs_before` is [`ModelState::runs`] before this observation.
+    pub(crate) fn refit_deferred(
+        &mut self,
+        config: &SchedulerConfig,
+        class_key: &str,
+        runs_before: u64,
+    ) {
+        let owed = self.unsettled.get_or_insert_with(|| Unsettled {
+            runs_before,
+            ..Unsettled::default()
+        });
+        if !owed.all && !owed.classes.contains(class_key) {
+            if owed.classes.len() >= MAX_UNSETTLED_CLASSES {
+                owed.all = true;
+                owed.classes.clear();
+            } else {
+                owed.classes.insert(class_key.to_owned());
+            }
+        }
         let Some(class) = self.classes.get(class_key) else {
             return;
         };
-        let (mut sum, mut weight) = (0.0, 0.0);
+        let (mut sum, mut weight, mut best) = (0.0, 0.0, None::<f64>);
         for (key, cell) in &class.cells {
             // The profile's effect as the full fit would start from it.
-            let beta = self.profile_effects.get(key).map_or_else(
-                || {
-                    -capability(&cell.profile.model, &config.capability_overrides)
-                        .speed
-                        .ln()
-                },
-                |e| e.effect,
-            );
+            let beta = self
+                .profile_effects
+                .get(key)
+                .map_or_else(|| prior_effect(config, &cell.profile.model), |e| e.effect);
             let (y, n) = (cell.window.est.mean, cell.window.est.n);
             sum += n * (y - beta);
             weight += n;
+            // As the fit's `min_by(f64::total_cmp)`: the first of equal means.
+            best = match best {
+                Some(b) if b.total_cmp(&y).is_le() => Some(b),
+                _ => Some(y),
+            };
         }
         let effect = (weight > 0.0).then(|| sum / weight);
-        let best = class
-            .cells
-            .values()
-            .map(|c| c.window.est.mean)
-            .min_by(f64::total_cmp);
         if let Some(class) = self.classes.get_mut(class_key) {
             class.effect = effect;
             class.best = best;
@@ -111,11 +125,7 @@ impl ModelState {
             for (key, cell) in &class.cells {
                 let pi = *index.entry(key.as_str()).or_insert_with(|| {
                     keys.push(key.as_str());
-                    prior.push(
-                        -capability(&cell.profile.model, &config.capability_overrides)
-                            .speed
-                            .ln(),
-                    );
+                    prior.push(prior_effect(config, &cell.profile.model));
                     keys.len() - 1
                 });
                 cells.push((ci, pi, cell.window.est.mean, cell.window.est.n));
@@ -305,6 +315,12 @@ impl ModelState {
                 .min_by(f64::total_cmp);
         }
     }
+}
+
+/// The profile effect the capability table gives `model` (log time relative to a V100): the
+/// fit's ridge target, and its starting point for a profile it has not fitted yet.
+fn prior_effect(config: &SchedulerConfig, model: &str) -> f64 {
+    -capability(model, &config.capability_overrides).speed.ln()
 }
 
 #[cfg(test)]
