@@ -48,8 +48,11 @@ USAGE: kudos-e2e-throughput [--pods N] [--nodes N] [--non-gpu F] [--qps Q] [--pi
                    null-extender     a do-nothing extender with the verbs the kudos mode uses
                                      (as deploy/scheduler configures: filter, prioritize, bind)
                    null-extender-fp  a do-nothing extender, filter + prioritize, kube-scheduler binds
+                   null-extender-p   a do-nothing extender, prioritize only, kube-scheduler binds
                    kudos             kudos-orchestrator as deploy/scheduler configures it
                    kudos-prioritize  the same without filter
+                   kudos-score-only  kudos with prioritize only, kube-scheduler binds (its
+                                     explanation then goes out as an Event per pod)
                    kudos-no-events   kudos without its one Event per pod (--pod-events false)
                    kudos-own-scheduler
                                      as the chart installs Kudos: the cluster's kube-scheduler
@@ -126,12 +129,14 @@ fn parse() -> Result<Opts> {
     Ok(o)
 }
 
-const MODES: [&str; 8] = [
+const MODES: [&str; 10] = [
     "baseline",
     "null-extender",
     "null-extender-fp",
+    "null-extender-p",
     "kudos",
     "kudos-prioritize",
+    "kudos-score-only",
     "kudos-no-events",
     "kudos-own-scheduler",
     "null-extender-own-scheduler",
@@ -266,7 +271,10 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
     let mut orch = None;
     let extender = match mode {
         "baseline" => None,
-        "null-extender" | "null-extender-fp" | "null-extender-own-scheduler" => {
+        "null-extender"
+        | "null-extender-fp"
+        | "null-extender-p"
+        | "null-extender-own-scheduler" => {
             let binder = kudos_e2e::null_extender::Binder {
                 client: cp.client.clone(),
                 runtime: tokio::runtime::Handle::current(),
@@ -275,6 +283,10 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
             if mode == "null-extender-fp" {
                 e.filter_verb = Some("filter".into());
                 e.prioritize_verb = Some("prioritize".into());
+                e.bind_verb = None;
+            }
+            if mode == "null-extender-p" {
+                e.filter_verb = None;
                 e.bind_verb = None;
             }
             Some(e)
@@ -291,6 +303,10 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
             if mode == "kudos-prioritize" {
                 e.filter_verb = None;
                 e.ignored_by_scheduler = false;
+            }
+            if mode == "kudos-score-only" {
+                e.filter_verb = None;
+                e.bind_verb = None;
             }
             orch = Some(orc);
             Some(e)
@@ -573,6 +589,13 @@ fn ratios(out: &[Outcome]) -> Vec<(String, serde_json::Value)> {
         if let (Some(a), Some(b)) = (find(k), find("null-extender")) {
             put(format!("{k}/null-extender gpu"), a.gpu.rate(), b.gpu.rate());
         }
+    }
+    if let (Some(a), Some(b)) = (find("kudos-score-only"), find("null-extender-p")) {
+        put(
+            "kudos-score-only/null-extender-p gpu".into(),
+            a.gpu.rate(),
+            b.gpu.rate(),
+        );
     }
     let own = "null-extender-own-scheduler";
     if let (Some(a), Some(b)) = (find("kudos-own-scheduler"), find(own)) {
