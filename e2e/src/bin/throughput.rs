@@ -29,7 +29,7 @@ const HELP: &str = "\
 kudos-e2e-throughput: pods/s through the real kube-scheduler, with and without an extender
 
 USAGE: kudos-e2e-throughput [--pods N] [--nodes N] [--non-gpu F] [--qps Q] [--pin A:B]
-                            [--modes M,M,...]
+                            [--affinity-terms N] [--modes M,M,...]
 
   --pods N       pending pods per mode (default 1000)
   --nodes N      Node objects (default: the 1,213 Alibaba 2023 GPU-node shapes; fewer takes the
@@ -37,6 +37,9 @@ USAGE: kudos-e2e-throughput [--pods N] [--nodes N] [--non-gpu F] [--qps Q] [--pi
   --non-gpu F    fraction of pods that ask for CPU and memory only (default 0; 0.9 is the mixed
                  workload: the extender's managedResources keeps them away from it)
   --qps Q        kube-scheduler's API client QPS and burst (default 1000)
+  --affinity-terms N
+                 affinity-floor mode: preferred terms per pod, for the first N models of the
+                 class's order (default 0: one per GPU model of the cluster)
   --pin A:B      CPU lists (taskset -c syntax), e.g. 0:1: the cluster's kube-scheduler runs on
                  A, everything else of the run (etcd, kube-apiserver, Kudos' own scheduler, the
                  orchestrator, this tool and its do-nothing extender) on B, from the moment the
@@ -61,6 +64,10 @@ USAGE: kudos-e2e-throughput [--pods N] [--nodes N] [--non-gpu F] [--qps Q] [--pi
                                      sets it (pods are created before either scheduler starts)
                    null-extender-own-scheduler
                                      the same with the do-nothing extender
+                   affinity-floor    no extender; each GPU pod instead carries preferred node
+                                     affinity, a weight per GPU model in its class's order: the
+                                     scheduling cost of preferences set at admission time, as
+                                     a webhook would set them (the webhook itself not included)
 
 Needs etcd, kube-apiserver and kube-scheduler in e2e/_out/bin (e2e/build) and
 kudos-orchestrator in target/debug or $KUDOS_BIN_DIR (use a release build for figures).
@@ -72,6 +79,8 @@ struct Opts {
     modes: Vec<String>,
     nodes: Option<usize>,
     non_gpu: f64,
+    /// Preferred terms per pod in the affinity-floor mode (0: every model).
+    affinity_terms: usize,
     /// `(cluster scheduler's CPUs, everything else's)`, taskset lists.
     pin: Option<(String, String)>,
 }
@@ -83,6 +92,7 @@ fn parse() -> Result<Opts> {
         modes: vec!["baseline".into(), "null-extender".into(), "kudos".into()],
         nodes: None,
         non_gpu: 0.0,
+        affinity_terms: 0,
         pin: None,
     };
     let mut it = std::env::args().skip(1);
@@ -93,6 +103,9 @@ fn parse() -> Result<Opts> {
             "--qps" => o.qps = v()?.parse().context("--qps")?,
             "--nodes" => o.nodes = Some(v()?.parse().context("--nodes")?),
             "--non-gpu" => o.non_gpu = v()?.parse().context("--non-gpu")?,
+            "--affinity-terms" => {
+                o.affinity_terms = v()?.parse().context("--affinity-terms")?;
+            }
             "--pin" => {
                 let spec = v()?;
                 let Some((a, b)) = spec.split_once(':') else {
@@ -129,7 +142,7 @@ fn parse() -> Result<Opts> {
     Ok(o)
 }
 
-const MODES: [&str; 10] = [
+const MODES: [&str; 11] = [
     "baseline",
     "null-extender",
     "null-extender-fp",
@@ -140,6 +153,7 @@ const MODES: [&str; 10] = [
     "kudos-no-events",
     "kudos-own-scheduler",
     "null-extender-own-scheduler",
+    "affinity-floor",
 ];
 
 /// The `schedulerName` of Kudos' own kube-scheduler in the `*-own-scheduler` modes (the chart's
@@ -215,8 +229,30 @@ struct Outcome {
     cpu: Vec<(String, f64)>,
 }
 
-/// Pod `i`; a GPU pod names `gpu_scheduler` when given.
-fn pod(i: usize, non_gpu: bool, gpu_scheduler: Option<&str>) -> Result<Pod> {
+/// Preferred node affinity for a pod of class `class`: a term for each of the first `terms`
+/// GPU models (0: all of them) in an order that differs by class (a rotation of `models`),
+/// weights 100 down to 1.
+fn model_preferences(class: usize, models: &[String], terms: usize) -> serde_json::Value {
+    let n = models.len().max(1);
+    let take = if terms == 0 { n } else { terms.min(n) };
+    let terms: Vec<serde_json::Value> = (0..take)
+        .map(|k| {
+            let model = &models[(class + k) % n];
+            let weight = (100 - 99 * k / n).max(1);
+            json!({"weight": weight, "preference": {"matchExpressions": [
+                {"key": kudos_api::labels::GPU_MODEL, "operator": "In", "values": [model]}]}})
+        })
+        .collect();
+    json!({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": terms}})
+}
+
+/// Pod `i`; a GPU pod names `gpu_scheduler` when given, and carries `affinity` when given.
+fn pod(
+    i: usize,
+    non_gpu: bool,
+    gpu_scheduler: Option<&str>,
+    affinity: Option<&serde_json::Value>,
+) -> Result<Pod> {
     let (res, labels) = if non_gpu {
         (json!({"cpu": "1", "memory": "1Gi"}), json!({}))
     } else {
@@ -229,6 +265,9 @@ fn pod(i: usize, non_gpu: bool, gpu_scheduler: Option<&str>) -> Result<Pod> {
                           "resources": {"requests": res, "limits": res}}]});
     if let (Some(name), false) = (gpu_scheduler, non_gpu) {
         spec["schedulerName"] = json!(name);
+    }
+    if let (Some(a), false) = (affinity, non_gpu) {
+        spec["affinity"] = a.clone();
     }
     Ok(serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -254,10 +293,23 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
     let non_gpu: Vec<bool> = (0..o.pods).map(|i| is_non_gpu(i, o.non_gpu)).collect();
     let own_scheduler = mode.ends_with("-own-scheduler");
     let gpu_scheduler = own_scheduler.then_some(OWN_SCHEDULER);
+    let preferences = (mode == "affinity-floor").then(|| {
+        let mut models: Vec<String> = shapes.iter().map(|s| s.model.clone()).collect();
+        models.sort();
+        models.dedup();
+        (0..CLASSES.len())
+            .map(|c| model_preferences(c, &models, o.affinity_terms))
+            .collect::<Vec<_>>()
+    });
     futures::stream::iter(0..o.pods)
         .map(|i| {
             let pods = pods.clone();
-            let p = pod(i, non_gpu[i], gpu_scheduler);
+            let p = pod(
+                i,
+                non_gpu[i],
+                gpu_scheduler,
+                preferences.as_ref().map(|p| &p[i % CLASSES.len()]),
+            );
             async move {
                 pods.create(&PostParams::default(), &p?).await?;
                 anyhow::Ok(())
@@ -270,7 +322,7 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
 
     let mut orch = None;
     let extender = match mode {
-        "baseline" => None,
+        "baseline" | "affinity-floor" => None,
         "null-extender"
         | "null-extender-fp"
         | "null-extender-p"
@@ -606,4 +658,54 @@ fn ratios(out: &[Outcome]) -> Vec<(String, serde_json::Value)> {
         );
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::model_preferences;
+    use k8s_openapi::api::core::v1::Affinity;
+
+    fn models() -> Vec<String> {
+        ["A10", "G2", "P100", "T4", "V100M16"]
+            .map(String::from)
+            .to_vec()
+    }
+
+    /// What the API server accepts: preferred terms with weights 1..=100, one model each.
+    fn terms(class: usize, n: usize) -> Vec<(i32, String)> {
+        let a: Affinity = match serde_json::from_value(model_preferences(class, &models(), n)) {
+            Ok(a) => a,
+            Err(e) => panic!("not an Affinity: {e}"),
+        };
+        a.node_affinity
+            .and_then(|n| n.preferred_during_scheduling_ignored_during_execution)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| {
+                let e = t.preference.match_expressions.unwrap_or_default();
+                assert_eq!(e.len(), 1);
+                assert_eq!(e[0].key, kudos_api::labels::GPU_MODEL);
+                let v = e[0].values.clone().unwrap_or_default();
+                assert_eq!(v.len(), 1);
+                (t.weight, v[0].clone())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_class_prefers_the_models_in_its_own_order() {
+        let all = terms(0, 0);
+        assert_eq!(all.len(), 5, "0 terms means one per model");
+        assert!(all.iter().all(|(w, _)| (1..=100).contains(w)));
+        assert!(all.windows(2).all(|p| p[0].0 > p[1].0), "weights fall");
+        assert_eq!(all[0], (100, "A10".into()));
+        assert_eq!(
+            terms(1, 0)[0].1,
+            "G2",
+            "the next class starts one model later"
+        );
+        assert_eq!(terms(6, 0)[0].1, "G2", "classes beyond the models wrap");
+        assert_eq!(terms(2, 2), vec![(100, "P100".into()), (81, "T4".into())]);
+        assert_eq!(terms(0, 9).len(), 5, "at most one term per model");
+    }
 }
