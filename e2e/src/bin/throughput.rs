@@ -231,9 +231,9 @@ struct Outcome {
 
 /// Preferred node affinity for a pod of class `class`: a term for each of the first `terms`
 /// GPU models (0: all of them) in an order that differs by class (a rotation of `models`),
-/// weights 100 down to 1.
+/// weights falling from 100 (the API accepts 1..=100).
 fn model_preferences(class: usize, models: &[String], terms: usize) -> serde_json::Value {
-    let n = models.len().max(1);
+    let n = models.len();
     let take = if terms == 0 { n } else { terms.min(n) };
     let terms: Vec<serde_json::Value> = (0..take)
         .map(|k| {
@@ -707,5 +707,11 @@ mod tests {
         assert_eq!(terms(6, 0)[0].1, "G2", "classes beyond the models wrap");
         assert_eq!(terms(2, 2), vec![(100, "P100".into()), (81, "T4".into())]);
         assert_eq!(terms(0, 9).len(), 5, "at most one term per model");
+        let none = model_preferences(0, &[], 0);
+        assert_eq!(
+            none["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"],
+            serde_json::json!([]),
+            "no models, no terms"
+        );
     }
 }
