@@ -291,8 +291,11 @@ fn difference_at(a: &serde_json::Value, b: &serde_json::Value, path: &str) -> Op
         (Value::Number(x), Value::Number(y))
             if x != y && FITTED.iter().any(|f| path.split('.').any(|p| p == *f)) =>
         {
-            let (x, y) = (x.as_f64()?, y.as_f64()?);
-            (((x - y) / x.abs().max(1e-12)).abs() >= 1e-9).then(|| format!("{path}: {x} and {y}"))
+            // A number without an f64 value is a difference, not a match.
+            match (x.as_f64(), y.as_f64()) {
+                (Some(x), Some(y)) if ((x - y) / x.abs().max(1e-12)).abs() < 1e-9 => None,
+                _ => Some(format!("{path}: {x} and {y}")),
+            }
         }
         _ => (a != b).then(|| format!("{path}: {a} and {b}")),
     }
