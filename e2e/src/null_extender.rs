@@ -2,7 +2,9 @@
 //! `filter` echoes `NodeNames`, `prioritize` scores every node 0 and, when it is given an API
 //! client, `bind` posts the Binding kube-scheduler asks for (what Kudos' `bind` does, minus every
 //! check). The floor of what the extender protocol itself costs kube-scheduler with the same
-//! verbs Kudos is configured with, to compare Kudos against.
+//! verbs Kudos is configured with, to compare Kudos against. Given `filter_top`, `filter`
+//! passes only the first that many names, as Kudos' filter passes only its best (it leaves
+//! the others out, not failed).
 
 use anyhow::Result;
 use k8s_openapi::api::core::v1::{Binding, Pod};
@@ -20,22 +22,23 @@ pub struct Binder {
 }
 
 /// Starts the server; returns its `http://127.0.0.1:<port>` URL prefix (verbs `filter`,
-/// `prioritize`, and `bind` when `binder` is given). It lives until the process exits.
-pub fn start(binder: Option<Binder>) -> Result<String> {
+/// `prioritize`, and `bind` when `binder` is given). `filter` passes the first `filter_top`
+/// names (all with `None`). It lives until the process exits.
+pub fn start(binder: Option<Binder>, filter_top: Option<usize>) -> Result<String> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     let url = format!("http://{}", l.local_addr()?);
     std::thread::spawn(move || {
         for c in l.incoming().flatten() {
             let binder = binder.clone();
             std::thread::spawn(move || {
-                let _ = serve(c, binder.as_ref());
+                let _ = serve(c, binder.as_ref(), filter_top);
             });
         }
     });
     Ok(url)
 }
 
-fn serve(c: TcpStream, binder: Option<&Binder>) -> Result<()> {
+fn serve(c: TcpStream, binder: Option<&Binder>, filter_top: Option<usize>) -> Result<()> {
     c.set_nodelay(true)?;
     let mut w = c.try_clone()?;
     let mut r = BufReader::new(c);
@@ -64,7 +67,7 @@ fn serve(c: TcpStream, binder: Option<&Binder>) -> Result<()> {
         let out = if path.ends_with("/bind") {
             json!({"Error": bind(binder, &args).err().map(|e| format!("{e:#}")).unwrap_or_default()})
         } else {
-            let names = args["NodeNames"].as_array().cloned().unwrap_or_default();
+            let mut names = args["NodeNames"].as_array().cloned().unwrap_or_default();
             if path.ends_with("/prioritize") {
                 Value::Array(
                     names
@@ -73,6 +76,7 @@ fn serve(c: TcpStream, binder: Option<&Binder>) -> Result<()> {
                         .collect(),
                 )
             } else {
+                names.truncate(filter_top.unwrap_or(usize::MAX));
                 json!({"NodeNames": names, "FailedNodes": {}, "Error": ""})
             }
         };

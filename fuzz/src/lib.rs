@@ -52,6 +52,7 @@ pub(crate) fn extender_for(
         metrics,
         unified: unified.into(),
         last_filter: Default::default(),
+        filter_top_nodes: None,
         events: None,
     }
 }

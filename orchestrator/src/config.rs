@@ -118,6 +118,11 @@ pub struct ListenConfig {
     pub grpc: Option<SocketAddr>,
 }
 
+/// Nodes `filter` passes by default: kube-scheduler's own least number of feasible nodes to
+/// score in a large cluster (`minFeasibleNodesToFind`), so its preferences choose among as many
+/// nodes as it would choose among without Kudos, and a cluster of fewer is not narrowed.
+pub const DEFAULT_FILTER_TOP_NODES: usize = 100;
+
 /// Extender settings.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -144,6 +149,12 @@ pub struct ExtenderConfig {
     /// the line as their `kudos.dev/placement` annotation. Default true. Each Event is one
     /// more API-server write per pod; `/explain` answers the same question without it.
     pub pod_events: Option<bool>,
+    /// `filter` passes only this many nodes, the best Kudos ranks for the pod; 0: every node
+    /// that fits. Default [`DEFAULT_FILTER_TOP_NODES`]. kube-scheduler then runs its score
+    /// plugins on those alone, most of its cost per pod in a large cluster, while its own
+    /// preferences (image locality, preferred affinity, spreading) still choose among them.
+    /// Gang members are not affected: their filter passes one node already.
+    pub filter_top_nodes: Option<usize>,
 }
 
 /// Store kind.
@@ -361,6 +372,8 @@ pub struct Settings {
     pub header_read_timeout: Duration,
     /// Whether the extender writes an Event per GPU pod it does not bind.
     pub pod_events: bool,
+    /// How many of the best-ranked nodes `filter` passes, `None` for all that fit.
+    pub filter_top_nodes: Option<usize>,
     /// Store kind.
     pub store_kind: StoreKind,
     /// File store path.
@@ -558,6 +571,12 @@ impl Settings {
             max_connections,
             header_read_timeout,
             pod_events: args.pod_events.or(file.extender.pod_events).unwrap_or(true),
+            filter_top_nodes: Some(
+                args.filter_top_nodes
+                    .or(file.extender.filter_top_nodes)
+                    .unwrap_or(DEFAULT_FILTER_TOP_NODES),
+            )
+            .filter(|&n| n > 0),
             store_kind,
             store_path: args
                 .store_path
@@ -838,6 +857,36 @@ mod precedence_tests {
         assert_eq!(
             s.unified_resource_name,
             kudos_api::DEFAULT_UNIFIED_RESOURCE_NAME
+        );
+        assert_eq!(
+            s.filter_top_nodes,
+            Some(DEFAULT_FILTER_TOP_NODES),
+            "filter narrows by default"
+        );
+    }
+
+    #[test]
+    fn filter_top_nodes_comes_from_the_file_or_the_flag_and_zero_means_every_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(
+            &path,
+            "apiVersion: kudos.dev/v1alpha1\nkind: OrchestratorConfig\nextender:\n  filterTopNodes: 8\n",
+        )
+        .unwrap();
+        let resolve = |extra: &[&str]| {
+            let mut argv = vec!["kudos-orchestrator", "--config", path.to_str().unwrap()];
+            argv.extend_from_slice(extra);
+            Settings::resolve(&crate::Args::try_parse_from(argv).unwrap())
+                .unwrap()
+                .filter_top_nodes
+        };
+        assert_eq!(resolve(&[]), Some(8));
+        assert_eq!(resolve(&["--filter-top-nodes", "3"]), Some(3));
+        assert_eq!(resolve(&["--filter-top-nodes", "0"]), None);
+        assert!(
+            crate::Args::try_parse_from(["kudos-orchestrator", "--filter-top-nodes", "-1"])
+                .is_err()
         );
     }
 

@@ -126,6 +126,13 @@ pub struct Args {
     /// [file: extender.podEvents; default true].
     #[arg(long, env = "KUDOS_POD_EVENTS", value_name = "BOOL")]
     pub pod_events: Option<bool>,
+    /// Pass only this many nodes from filter, the best Kudos ranks for the pod: kube-scheduler
+    /// then runs its score plugins on those alone (most of its cost per pod in a large
+    /// cluster), its own preferences choosing among them. 0: every node that fits
+    /// [file: extender.filterTopNodes; default 100, kube-scheduler's own least number of nodes
+    /// to score].
+    #[arg(long, env = "KUDOS_FILTER_TOP_NODES", value_name = "N")]
+    pub filter_top_nodes: Option<usize>,
     /// Derive plugin images and apply one plugin DaemonSet per plugin group; needs a cluster
     /// and rollout.baseImage/repository [file: rollout.enabled; default false].
     #[arg(long, env = "KUDOS_ROLLOUT", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
@@ -397,6 +404,7 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         unified: s.unified_resource_name.clone(),
         last_filter: Default::default(),
+        filter_top_nodes: s.filter_top_nodes,
         events: client
             .clone()
             .filter(|_| s.pod_events)

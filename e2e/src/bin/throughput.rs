@@ -29,7 +29,7 @@ const HELP: &str = "\
 kudos-e2e-throughput: pods/s through the real kube-scheduler, with and without an extender
 
 USAGE: kudos-e2e-throughput [--pods N] [--nodes N] [--non-gpu F] [--qps Q] [--pin A:B]
-                            [--affinity-terms N] [--modes M,M,...]
+                            [--affinity-terms N] [--top-nodes N] [--modes M,M,...]
 
   --pods N       pending pods per mode (default 1000)
   --nodes N      Node objects (default: the 1,213 Alibaba 2023 GPU-node shapes; fewer takes the
@@ -40,6 +40,7 @@ USAGE: kudos-e2e-throughput [--pods N] [--nodes N] [--non-gpu F] [--qps Q] [--pi
   --affinity-terms N
                  affinity-floor mode: preferred terms per pod, for the first N models of the
                  class's order (default 0: one per GPU model of the cluster)
+  --top-nodes N  kudos-top mode: nodes Kudos' filter passes, its best for the pod (default 16)
   --pin A:B      CPU lists (taskset -c syntax), e.g. 0:1: the cluster's kube-scheduler runs on
                  A, everything else of the run (etcd, kube-apiserver, Kudos' own scheduler, the
                  orchestrator, this tool and its do-nothing extender) on B, from the moment the
@@ -49,10 +50,19 @@ USAGE: kudos-e2e-throughput [--pods N] [--nodes N] [--non-gpu F] [--qps Q] [--pi
   --modes M,...  any of (default baseline,null-extender,kudos):
                    baseline          no extender
                    null-extender     a do-nothing extender with the verbs the kudos mode uses
-                                     (as deploy/scheduler configures: filter, prioritize, bind)
+                                     (as deploy/scheduler configures: filter, prioritize, bind),
+                                     its filter passing the first 100 nodes as Kudos' passes its
+                                     best 100
+                   null-extender-top the same passing the first --top-nodes
+                   null-extender-all-nodes
+                                     the same passing every node (null-extender until 2026-12-06)
                    null-extender-fp  a do-nothing extender, filter + prioritize, kube-scheduler binds
                    null-extender-p   a do-nothing extender, prioritize only, kube-scheduler binds
                    kudos             kudos-orchestrator as deploy/scheduler configures it
+                   kudos-top         kudos whose filter passes its --top-nodes best nodes
+                                     (--filter-top-nodes; shipped: 100)
+                   kudos-all-nodes   kudos whose filter passes every node that fits (as shipped
+                                     until 2026-12-06: kube-scheduler scores them all)
                    kudos-prioritize  the same without filter
                    kudos-score-only  kudos with prioritize only, kube-scheduler binds (its
                                      explanation then goes out as an Event per pod)
@@ -81,6 +91,8 @@ struct Opts {
     non_gpu: f64,
     /// Preferred terms per pod in the affinity-floor mode (0: every model).
     affinity_terms: usize,
+    /// Nodes Kudos' filter passes in the kudos-top mode.
+    top_nodes: usize,
     /// `(cluster scheduler's CPUs, everything else's)`, taskset lists.
     pin: Option<(String, String)>,
 }
@@ -93,6 +105,7 @@ fn parse() -> Result<Opts> {
         nodes: None,
         non_gpu: 0.0,
         affinity_terms: 0,
+        top_nodes: 16,
         pin: None,
     };
     let mut it = std::env::args().skip(1);
@@ -106,6 +119,7 @@ fn parse() -> Result<Opts> {
             "--affinity-terms" => {
                 o.affinity_terms = v()?.parse().context("--affinity-terms")?;
             }
+            "--top-nodes" => o.top_nodes = v()?.parse().context("--top-nodes")?,
             "--pin" => {
                 let spec = v()?;
                 let Some((a, b)) = spec.split_once(':') else {
@@ -142,12 +156,16 @@ fn parse() -> Result<Opts> {
     Ok(o)
 }
 
-const MODES: [&str; 11] = [
+const MODES: [&str; 15] = [
     "baseline",
     "null-extender",
+    "null-extender-top",
+    "null-extender-all-nodes",
     "null-extender-fp",
     "null-extender-p",
     "kudos",
+    "kudos-top",
+    "kudos-all-nodes",
     "kudos-prioritize",
     "kudos-score-only",
     "kudos-no-events",
@@ -155,6 +173,10 @@ const MODES: [&str; 11] = [
     "null-extender-own-scheduler",
     "affinity-floor",
 ];
+
+/// kudos-orchestrator's default `extender.filterTopNodes`: the nodes its filter passes, which
+/// the do-nothing extender matches in the null-extender mode.
+const KUDOS_FILTER_TOP_NODES: usize = 100;
 
 /// The `schedulerName` of Kudos' own kube-scheduler in the `*-own-scheduler` modes (the chart's
 /// `scheduler.schedulerName` default).
@@ -324,6 +346,8 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
     let extender = match mode {
         "baseline" | "affinity-floor" => None,
         "null-extender"
+        | "null-extender-top"
+        | "null-extender-all-nodes"
         | "null-extender-fp"
         | "null-extender-p"
         | "null-extender-own-scheduler" => {
@@ -331,7 +355,15 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
                 client: cp.client.clone(),
                 runtime: tokio::runtime::Handle::current(),
             };
-            let mut e = ExtenderOptions::kudos(kudos_e2e::null_extender::start(Some(binder))?);
+            // As Kudos' filter passes its best `filterTopNodes` (shipped 100), the do-nothing
+            // one passes the first as many.
+            let top = match mode {
+                "null-extender-all-nodes" => None,
+                "null-extender-top" => Some(o.top_nodes),
+                _ => Some(KUDOS_FILTER_TOP_NODES),
+            };
+            let url = kudos_e2e::null_extender::start(Some(binder), top)?;
+            let mut e = ExtenderOptions::kudos(url);
             if mode == "null-extender-fp" {
                 e.filter_verb = Some("filter".into());
                 e.prioritize_verb = Some("prioritize".into());
@@ -345,10 +377,11 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
         }
         _ => {
             let names: Vec<String> = shapes.iter().map(|s| s.name.clone()).collect();
-            let extra: Vec<String> = if mode == "kudos-no-events" {
-                vec!["--pod-events".into(), "false".into()]
-            } else {
-                Vec::new()
+            let extra: Vec<String> = match mode {
+                "kudos-no-events" => vec!["--pod-events".into(), "false".into()],
+                "kudos-top" => vec!["--filter-top-nodes".into(), o.top_nodes.to_string()],
+                "kudos-all-nodes" => vec!["--filter-top-nodes".into(), "0".into()],
+                _ => Vec::new(),
             };
             let orc = Orchestrator::start(run.path(), Some(&cp.kubeconfig), &names, &extra).await?;
             let mut e = ExtenderOptions::kudos(orc.extender_url());
@@ -637,9 +670,15 @@ fn ratios(out: &[Outcome]) -> Vec<(String, serde_json::Value)> {
             );
         }
     }
-    for k in ["kudos", "kudos-prioritize", "kudos-no-events"] {
-        if let (Some(a), Some(b)) = (find(k), find("null-extender")) {
-            put(format!("{k}/null-extender gpu"), a.gpu.rate(), b.gpu.rate());
+    for (k, null) in [
+        ("kudos", "null-extender"),
+        ("kudos-top", "null-extender-top"),
+        ("kudos-all-nodes", "null-extender-all-nodes"),
+        ("kudos-prioritize", "null-extender-all-nodes"),
+        ("kudos-no-events", "null-extender"),
+    ] {
+        if let (Some(a), Some(b)) = (find(k), find(null)) {
+            put(format!("{k}/{null} gpu"), a.gpu.rate(), b.gpu.rate());
         }
     }
     if let (Some(a), Some(b)) = (find("kudos-score-only"), find("null-extender-p")) {

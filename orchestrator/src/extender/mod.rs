@@ -89,6 +89,8 @@ pub struct Extender {
     pub unified: String,
     /// Filter → prioritize reuse.
     pub last_filter: LastFilter,
+    /// How many of the best-ranked nodes `filter` passes (`None`: every node that fits).
+    pub filter_top_nodes: Option<usize>,
     /// One event per ranked pod (with a cluster).
     pub events: Option<Arc<crate::events::PodEvents>>,
 }
@@ -527,8 +529,22 @@ impl Extender {
                 failed.insert(n.to_string(), "not ranked by Kudos".into());
             }
         }
+        // Only the best `filter_top_nodes` pass (entries are in recommended order). The others
+        // are left out of the answer, not listed as failed: kube-scheduler drops a node missing
+        // from both, and a failed list of thousands would cost it more than it saves.
+        let mut beyond_top = 0usize;
+        if let Some(top) = self.filter_top_nodes
+            && facts.gang.is_none()
+        {
+            for a in &mut answered {
+                if a.is_some_and(|e| e as usize >= top) {
+                    *a = None;
+                    beyond_top += 1;
+                }
+            }
+        }
         let passed = answered.iter().flatten().count();
-        tracing::debug!(passed, failed = failed.len(), "filtered");
+        tracing::debug!(passed, beyond_top, failed = failed.len(), "filtered");
         // kube-scheduler skips scoring when one node is feasible, and the extender's filter is
         // its last: with one node passing, no prioritize follows, so the pod's ranking event
         // is written here (once per pod either way).

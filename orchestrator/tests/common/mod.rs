@@ -130,6 +130,7 @@ pub fn mk_extender(index: SharedIndex, metrics: Arc<Metrics>) -> Extender {
         metrics,
         unified: UNIFIED.into(),
         last_filter: Default::default(),
+        filter_top_nodes: None,
         events: None,
     }
 }

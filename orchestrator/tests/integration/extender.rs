@@ -416,6 +416,75 @@ async fn prioritize_reuses_the_filter_ranking_until_something_changes() {
     assert_eq!(verb(&e), "prioritize", "ranked again with the new model");
 }
 
+/// `extender.filterTopNodes`: filter passes only the best-ranked nodes, in the order asked,
+/// leaves the rest out without calling them failed (kube-scheduler drops them), still reports
+/// real rejections, and prioritize over what passed reuses the ranking; bind accepts the node.
+#[tokio::test]
+async fn filter_passes_only_the_best_ranked_nodes_when_told() {
+    let index = standard_index();
+    let metrics = std::sync::Arc::new(kudos_orchestrator::metrics::Metrics::new());
+    let extender = kudos_orchestrator::extender::Extender {
+        filter_top_nodes: Some(2),
+        ..mk_extender(index.clone(), metrics.clone())
+    };
+    let state = std::sync::Arc::new(kudos_orchestrator::http::HttpState::new(
+        extender,
+        index.clone(),
+        metrics,
+    ));
+    let app = kudos_orchestrator::http::router(state, &limits());
+    let mut pod = pod_json("t", Some("resnet50"), 1);
+    pod["metadata"]["annotations"] = serde_json::json!({"kudos.dev/vendors": "nvidia,amd"});
+    let args = |nodes: &[&str]| {
+        serde_json::to_vec(&serde_json::json!({"Pod": pod, "NodeNames": nodes})).unwrap()
+    };
+    let asked = ["gpu-c", "gpu-stale", "gpu-b", "gpu-a"];
+    let (s, f) = post(&app, "/kudos/v1/filter", args(&asked)).await;
+    assert_eq!(s, StatusCode::OK);
+    let (_, e) = get(&app, "/explain/default/t").await;
+    let ranked: Vec<&str> = e["ranking"]["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(ranked.len(), 3, "three nodes fit: {e}");
+    let passed: Vec<&str> = f["NodeNames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    let best: Vec<&str> = asked
+        .iter()
+        .copied()
+        .filter(|n| ranked[..2].contains(n))
+        .collect();
+    assert_eq!(passed, best, "the two best, in the order asked: {f}");
+    let failed = f["FailedNodes"].as_object().unwrap();
+    assert!(
+        failed.contains_key("gpu-stale"),
+        "a real rejection stays: {f}"
+    );
+    assert!(
+        !failed.contains_key(ranked[2]),
+        "the third best is left out, not failed: {f}"
+    );
+    let (_, p) = post(&app, "/kudos/v1/prioritize", args(&passed)).await;
+    assert_eq!(p.as_array().unwrap().len(), 2, "{p}");
+    let (_, e) = get(&app, "/explain/default/t").await;
+    assert_eq!(
+        e["verb"], "filter",
+        "prioritize reused the filter's ranking"
+    );
+    let bind = serde_json::json!({"PodName": "t", "PodNamespace": "default", "PodUID": "uid-t", "Node": passed[0]});
+    let (_, b) = post(&app, "/kudos/v1/bind", serde_json::to_vec(&bind).unwrap()).await;
+    assert_eq!(b["Error"], "", "{b}");
+    // Fewer fit than the limit: every one passes.
+    let (_, f) = post(&app, "/kudos/v1/filter", args(&["gpu-b", "gpu-stale"])).await;
+    assert_eq!(f["NodeNames"], serde_json::json!(["gpu-b"]), "{f}");
+}
+
 /// kube-scheduler never sends a node twice, but a client may: each occurrence gets the answer
 /// the node gets, the ranking lists it once, and unknown names are reported once.
 #[tokio::test]
