@@ -54,6 +54,15 @@ struct Setup {
 
 /// Starts a [`Setup`]; `None` (the test skips) when the binaries are missing.
 async fn start(test: &str, shapes: &[NodeShape]) -> anyhow::Result<Option<Setup>> {
+    start_with(test, shapes, &[]).await
+}
+
+/// [`start`] with `extra` flags for the orchestrator.
+async fn start_with(
+    test: &str,
+    shapes: &[NodeShape],
+    extra: &[&str],
+) -> anyhow::Result<Option<Setup>> {
     // The scheduler starts once the extender's address is known.
     let bins = [
         upstream_bin("kube-scheduler"),
@@ -65,7 +74,8 @@ async fn start(test: &str, shapes: &[NodeShape]) -> anyhow::Result<Option<Setup>
     };
     create_nodes(&cp.client, shapes, "kudos.dev/gpu").await?;
     let names: Vec<String> = shapes.iter().map(|s| s.name.clone()).collect();
-    let orch = Orchestrator::start(run.path(), Some(&cp.kubeconfig), &names, &[]).await?;
+    let extra: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+    let orch = Orchestrator::start(run.path(), Some(&cp.kubeconfig), &names, &extra).await?;
     let ext = ExtenderOptions::kudos(orch.extender_url());
     let pods = Api::namespaced(cp.client.clone(), "default");
     Ok(Some(Setup {
@@ -374,6 +384,53 @@ async fn extender_gang_members_bind_to_reserved_slots() -> anyhow::Result<()> {
 /// Every vendor registers `kudos.dev/gpu`: the real kube-scheduler with the Kudos extender
 /// puts pods that name no vendor (CUDA images, the default) only on NVIDIA nodes and pods with
 /// `kudos.dev/vendors: amd` only on AMD nodes.
+/// `extender.filterTopNodes`: the filter passes only Kudos' best nodes and leaves the others
+/// out of its answer (neither passed nor failed). The real kube-scheduler accepts that answer
+/// and places every pod among them: with 2, each pod's node is first or second in the ranking
+/// it was placed by, while more nodes fit. (Passing every node, kube-scheduler's own scores
+/// may pick any node that fits.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extender_filter_passing_only_the_best_nodes_places_every_pod_among_them()
+-> anyhow::Result<()> {
+    let shapes = uniform_shapes(&MODELS, 3, 2);
+    let Some(Setup {
+        run,
+        mut cp,
+        orch,
+        ext,
+        pods,
+    }) = start_with("extender_filter_top", &shapes, &["--filter-top-nodes", "2"]).await?
+    else {
+        return Ok(());
+    };
+    feed_history(&orch, &shapes).await?;
+    cp.start_scheduler(50, Some(&ext))?;
+    for i in 0..8 {
+        let name = format!("top-{i}");
+        pods.create(&PostParams::default(), &pod(&name, Some(CLASS), Some(1)))
+            .await?;
+        let node = bound_node(&pods, &name).await?;
+        let ex = orch.explain("default", &name)?;
+        let entries = ex["ranking"]["entries"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert!(entries.len() > 2, "more nodes fit than pass: {ex}");
+        let rank = entries
+            .iter()
+            .find(|e| e["node"] == node.as_str())
+            .and_then(|e| e["rank"].as_u64());
+        eprintln!("{name} -> {node}, rank {rank:?} of {}", entries.len());
+        assert!(
+            matches!(rank, Some(1 | 2)),
+            "{name} landed on {node}, ranked {rank:?}; only the best two passed: {ex}"
+        );
+    }
+    cp.check_running()?;
+    run.pass();
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extender_keeps_pods_on_vendors_their_images_can_use() -> anyhow::Result<()> {
     // Two NVIDIA and two AMD nodes of 2 GPUs, all registering kudos.dev/gpu; 4 pods that name
