@@ -119,8 +119,9 @@ pub struct ListenConfig {
 }
 
 /// Nodes `filter` passes by default: kube-scheduler's own least number of feasible nodes to
-/// score in a large cluster (`minFeasibleNodesToFind`), so its preferences choose among as many
-/// nodes as it would choose among without Kudos, and a cluster of fewer is not narrowed.
+/// score in a large cluster (`minFeasibleNodesToFind`), so its preferences still choose among
+/// as many nodes as it scores at the least without Kudos; a pod that fewer nodes fit is not
+/// narrowed at all.
 pub const DEFAULT_FILTER_TOP_NODES: usize = 100;
 
 /// Extender settings.

@@ -437,7 +437,7 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
     let http_listener = tokio::net::TcpListener::bind(s.http_listen)
         .await
         .with_context(|| format!("binding HTTP {}", s.http_listen))?;
-    tracing::info!(addr = %http_listener.local_addr()?, prefix = %s.extender_prefix, https = tls.is_some(), "HTTP listening");
+    tracing::info!(addr = %http_listener.local_addr()?, prefix = %s.extender_prefix, https = tls.is_some(), filter_top_nodes = s.filter_top_nodes.unwrap_or(0), "HTTP listening");
     let mut rx = drain_rx.clone();
     let conn_limits = http::ConnLimits {
         max_connections: s.max_connections,
