@@ -416,6 +416,16 @@ async fn prioritize_reuses_the_filter_ranking_until_something_changes() {
     assert_eq!(verb(&e), "prioritize", "ranked again with the new model");
 }
 
+/// The nodes of an `/explain` answer's ranking, in recommended order.
+fn ranked_nodes(explain: &Value) -> Vec<&str> {
+    explain["ranking"]["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["node"].as_str().unwrap())
+        .collect()
+}
+
 /// `extender.filterTopNodes`: filter passes only the best-ranked nodes, in the order asked,
 /// leaves the rest out without calling them failed (kube-scheduler drops them), still reports
 /// real rejections, and prioritize over what passed reuses the ranking; bind accepts the node.
@@ -442,12 +452,7 @@ async fn filter_passes_only_the_best_ranked_nodes_when_told() {
     let (s, f) = post(&app, "/kudos/v1/filter", args(&asked)).await;
     assert_eq!(s, StatusCode::OK);
     let (_, e) = get(&app, "/explain/default/t").await;
-    let ranked: Vec<&str> = e["ranking"]["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x["node"].as_str().unwrap())
-        .collect();
+    let ranked = ranked_nodes(&e);
     assert_eq!(ranked.len(), 3, "three nodes fit: {e}");
     let passed: Vec<&str> = f["NodeNames"]
         .as_array()
@@ -513,12 +518,7 @@ async fn a_repeated_node_name_gets_the_same_answer_at_each_place() {
     assert!(f["FailedNodes"]["gpu-stale"].is_string(), "{f}");
     assert!(f["FailedAndUnresolvableNodes"]["ghost"].is_string(), "{f}");
     let (_, e) = get(&app, "/explain/default/f").await;
-    let ranked: Vec<&str> = e["ranking"]["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x["node"].as_str().unwrap())
-        .collect();
+    let ranked = ranked_nodes(&e);
     assert_eq!(ranked.len(), 2, "each node ranked once: {ranked:?}");
     assert_eq!(e["unknownNodesTotal"], 1, "{e}");
 
