@@ -381,9 +381,6 @@ async fn extender_gang_members_bind_to_reserved_slots() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every vendor registers `kudos.dev/gpu`: the real kube-scheduler with the Kudos extender
-/// puts pods that name no vendor (CUDA images, the default) only on NVIDIA nodes and pods with
-/// `kudos.dev/vendors: amd` only on AMD nodes.
 /// `extender.filterTopNodes`: the filter passes only Kudos' best nodes and leaves the others
 /// out of its answer (neither passed nor failed). The real kube-scheduler accepts that answer
 /// and places every pod among them: with 2, each pod's node is first or second in the ranking
@@ -431,6 +428,9 @@ async fn extender_filter_passing_only_the_best_nodes_places_every_pod_among_them
     Ok(())
 }
 
+/// Every vendor registers `kudos.dev/gpu`: the real kube-scheduler with the Kudos extender
+/// puts pods that name no vendor (CUDA images, the default) only on NVIDIA nodes and pods with
+/// `kudos.dev/vendors: amd` only on AMD nodes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extender_keeps_pods_on_vendors_their_images_can_use() -> anyhow::Result<()> {
     // Two NVIDIA and two AMD nodes of 2 GPUs, all registering kudos.dev/gpu; 4 pods that name
