@@ -39,6 +39,7 @@ pub mod leader;
 pub mod learn;
 pub mod limits;
 pub mod metrics;
+pub mod pod_view;
 pub mod publish;
 pub mod quantity;
 mod review_cache;

@@ -63,15 +63,17 @@ pub fn spawn(
         }
         .instrument(tracing::info_span!("node_watch")),
     );
-    let pods: kube::Api<Pod> = kube::Api::all(client);
+    // Only what the index reads of each pod is deserialized (see [`crate::pod_view`]).
+    let pods: kube::Api<crate::pod_view::WatchedPod> = kube::Api::all(client);
     tokio::spawn(
         async move {
             let mut buf = Vec::new();
             let cfg = watcher::Config::default().fields("spec.nodeName!=");
             let mut stream = watcher::watcher(pods, cfg).default_backoff().boxed();
             while let Some(ev) = stream.next().await {
-                let facts =
-                    |p: &Pod| kobj::pod_facts(p, &unified).unwrap_or_else(|_| lenient(p, &unified));
+                let facts = |p: &crate::pod_view::WatchedPod| {
+                    kobj::pod_facts(&p.0, &unified).unwrap_or_else(|_| lenient(&p.0, &unified))
+                };
                 let mut index = index.write();
                 match ev {
                     Ok(Event::Apply(p)) => index.apply_pod(&facts(&p)),

@@ -18,8 +18,8 @@ use std::collections::BTreeMap;
 #[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct ExtenderArgs<'a> {
-    /// The pod being scheduled.
-    #[serde(default)]
+    /// The pod being scheduled: only what Kudos reads of it (see [`crate::pod_view`]).
+    #[serde(default, deserialize_with = "crate::pod_view::deserialize")]
     pub pod: Option<Pod>,
     /// Candidate nodes in full (`nodeCacheCapable: false`).
     #[serde(default)]
