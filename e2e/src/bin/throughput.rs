@@ -249,6 +249,9 @@ struct Outcome {
     extender_ms: Vec<(String, f64, u64)>,
     /// CPU seconds each process used from scheduler start to the last binding.
     cpu: Vec<(String, f64)>,
+    /// Requests the API server served from scheduler start to the last binding, by
+    /// `verb resource[/subresource]` (every client's, this harness's own watch included).
+    api_requests: Vec<(String, f64)>,
 }
 
 /// Preferred node affinity for a pod of class `class`: a term for each of the first `terms`
@@ -443,6 +446,7 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
         .iter()
         .map(|(_, p)| kudos_e2e::proc::cpu_seconds(*p).unwrap_or(0.0))
         .collect();
+    let requests0 = api_requests(&cp.client).await;
     let mut bound = HashSet::new();
     let (mut all, mut gpu, mut other) = (Kind::default(), Kind::default(), Kind::default());
     all.pods = o.pods;
@@ -491,6 +495,17 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
             )
         })
         .collect();
+    let api_requests = match (requests0, api_requests(&cp.client).await) {
+        (Some(before), Some(after)) => after
+            .into_iter()
+            .map(|(k, v)| {
+                let d = v - before.get(&k).copied().unwrap_or(0.0);
+                (k, d)
+            })
+            .filter(|(_, d)| *d > 0.0)
+            .collect(),
+        _ => Vec::new(),
+    };
     cp.check_running()?;
     let mut extender_ms = Vec::new();
     if let Some(orc) = orch.as_mut() {
@@ -512,7 +527,41 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
         non_gpu: other,
         extender_ms,
         cpu,
+        api_requests,
     })
+}
+
+/// `apiserver_request_total` summed by `verb resource[/subresource]`, from the API server's
+/// own `/metrics`; `None` when it cannot be read (the figures are then left out).
+async fn api_requests(client: &kube::Client) -> Option<std::collections::BTreeMap<String, f64>> {
+    let req = http::Request::get("/metrics").body(Vec::new()).ok()?;
+    let text = client.request_text(req).await.ok()?;
+    let mut out = std::collections::BTreeMap::new();
+    for l in text.lines() {
+        let Some(rest) = l.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |k: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
+                .map(|v| v.trim_matches('"'))
+                .unwrap_or("")
+        };
+        let sub = label("subresource");
+        let key = format!(
+            "{} {}{}{}",
+            label("verb"),
+            label("resource"),
+            if sub.is_empty() { "" } else { "/" },
+            sub
+        );
+        *out.entry(key).or_default() += value.trim().parse::<f64>().unwrap_or(0.0);
+    }
+    Some(out)
 }
 
 /// Moves every thread of `pid` (threads made later inherit it) to the CPUs of `cpus`.
@@ -620,6 +669,18 @@ async fn main() -> Result<()> {
             .map(|(n, c)| format!("{n} {:.2}", c * 1000.0 / r.all.bound.max(1) as f64))
             .collect();
         println!("{}: CPU ms per bound pod: {}", r.mode, per_pod.join(", "));
+        let requests: Vec<String> = r
+            .api_requests
+            .iter()
+            .map(|(k, n)| format!("{k} {:.2}", n / r.all.bound.max(1) as f64))
+            .collect();
+        if !requests.is_empty() {
+            println!(
+                "{}: API requests per bound pod: {}",
+                r.mode,
+                requests.join(", ")
+            );
+        }
         for (verb, ms, n) in &r.extender_ms {
             println!(
                 "{}: extender {verb}: mean {ms:.2} ms over {n} calls (orchestrator's histogram)",
@@ -637,7 +698,8 @@ async fn main() -> Result<()> {
             "all": r.all.json(), "gpu": r.gpu.json(), "non_gpu": r.non_gpu.json(),
             "since_scheduler_start_s": r.since_start.as_secs_f64(),
             "cpu_seconds": r.cpu.iter().map(|(n, c)| json!({"process": n, "seconds": c})).collect::<Vec<_>>(),
-            "extender_mean_ms": r.extender_ms.iter().map(|(v, ms, n)| json!({"verb": v, "mean_ms": ms, "calls": n})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
+            "extender_mean_ms": r.extender_ms.iter().map(|(v, ms, n)| json!({"verb": v, "mean_ms": ms, "calls": n})).collect::<Vec<_>>(),
+            "api_requests": r.api_requests.iter().map(|(k, n)| json!({"request": k, "count": n})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
         "ratios": ratios.iter().cloned().collect::<serde_json::Map<_, _>>(),
     });
     println!("{json}");
