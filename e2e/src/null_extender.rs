@@ -21,6 +21,15 @@ pub struct Binder {
     pub runtime: tokio::runtime::Handle,
 }
 
+/// Connections every do-nothing extender of this process accepted, for the harness to count
+/// how often kube-scheduler opens one (it keeps at most two idle per extender).
+static CONNECTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Connections accepted so far by the do-nothing extenders of this process.
+pub fn connections() -> u64 {
+    CONNECTIONS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Starts the server; returns its `http://127.0.0.1:<port>` URL prefix (verbs `filter`,
 /// `prioritize`, and `bind` when `binder` is given). `filter` passes the first `filter_top`
 /// names (all with `None`). It lives until the process exits.
@@ -29,6 +38,7 @@ pub fn start(binder: Option<Binder>, filter_top: Option<usize>) -> Result<String
     let url = format!("http://{}", l.local_addr()?);
     std::thread::spawn(move || {
         for c in l.incoming().flatten() {
+            CONNECTIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let binder = binder.clone();
             std::thread::spawn(move || {
                 let _ = serve(c, binder.as_ref(), filter_top);

@@ -487,6 +487,7 @@ pub async fn serve(
             drop(stream);
             continue;
         };
+        metrics.http_connections_accepted.inc();
         let _ = stream.set_nodelay(true);
         let conn = Connection {
             app: app.clone(),

@@ -118,6 +118,8 @@ pub struct Metrics {
     pub report_rejections: Family<ReasonLabels, Counter>,
     /// HTTP connections closed at accept because the connection cap was reached.
     pub http_connections_refused: Counter,
+    /// HTTP connections accepted (with TLS on, each one a handshake).
+    pub http_connections_accepted: Counter,
     /// Heavy read requests (`/state`, `/explain`, `/metrics`) refused with 503.
     pub heavy_requests_refused: Counter,
     /// Store files found damaged or empty and moved aside at start.
@@ -259,6 +261,14 @@ impl Metrics {
             "HTTP connections closed at accept because the connection cap was reached",
             http_connections_refused.clone(),
         );
+        let http_connections_accepted = Counter::default();
+        registry.register(
+            "http_connections_accepted",
+            "HTTP connections accepted, each a TLS handshake where TLS is on (kube-scheduler's \
+             client keeps at most two idle connections per extender, so concurrent binds open \
+             new ones)",
+            http_connections_accepted.clone(),
+        );
         let heavy_requests_refused = Counter::default();
         registry.register(
             "heavy_requests_refused",
@@ -309,6 +319,7 @@ impl Metrics {
             access_refused,
             report_rejections,
             http_connections_refused,
+            http_connections_accepted,
             heavy_requests_refused,
             store_recoveries,
             index_stalled_seconds,

@@ -249,6 +249,10 @@ struct Outcome {
     extender_ms: Vec<(String, f64, u64)>,
     /// CPU seconds each process used from scheduler start to the last binding.
     cpu: Vec<(String, f64)>,
+    /// Connections the extender accepted: Kudos' counter since the orchestrator started (its
+    /// readiness checks and the final `/metrics` scrape included), the do-nothing extender's
+    /// from scheduler start; `None` without an extender.
+    extender_connections: Option<u64>,
     /// Requests the API server served from scheduler start to the last binding, by
     /// `verb resource[/subresource]` (every client's, this harness's own watch included).
     api_requests: Vec<(String, f64)>,
@@ -447,6 +451,7 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
         .map(|(_, p)| kudos_e2e::proc::cpu_seconds(*p).unwrap_or(0.0))
         .collect();
     let requests0 = api_requests(&cp.client).await;
+    let null_connections0 = kudos_e2e::null_extender::connections();
     let mut bound = HashSet::new();
     let (mut all, mut gpu, mut other) = (Kind::default(), Kind::default(), Kind::default());
     all.pods = o.pods;
@@ -508,10 +513,19 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
     };
     cp.check_running()?;
     let mut extender_ms = Vec::new();
+    let mut extender_connections = extender
+        .as_ref()
+        .map(|_| kudos_e2e::null_extender::connections() - null_connections0);
     if let Some(orc) = orch.as_mut() {
         orc.check_running()?;
         if let Ok(r) = kudos_e2e::http::request("GET", &orc.http_addr, "/metrics", None) {
-            extender_ms = extender_means(&String::from_utf8_lossy(&r.body));
+            let text = String::from_utf8_lossy(&r.body);
+            extender_ms = extender_means(&text);
+            extender_connections = text.lines().find_map(|l| {
+                l.strip_prefix("kudos_orchestrator_http_connections_accepted_total ")
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+                    .map(|v| v as u64)
+            });
         }
         orc.stop();
     }
@@ -526,6 +540,7 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
         gpu,
         non_gpu: other,
         extender_ms,
+        extender_connections,
         cpu,
         api_requests,
     })
@@ -674,6 +689,13 @@ async fn main() -> Result<()> {
             .iter()
             .map(|(k, n)| format!("{k} {:.2}", n / r.all.bound.max(1) as f64))
             .collect();
+        if let Some(n) = r.extender_connections {
+            println!(
+                "{}: extender connections accepted: {n} ({:.3} per bound pod)",
+                r.mode,
+                n as f64 / r.all.bound.max(1) as f64
+            );
+        }
         if !requests.is_empty() {
             println!(
                 "{}: API requests per bound pod: {}",
@@ -699,6 +721,7 @@ async fn main() -> Result<()> {
             "since_scheduler_start_s": r.since_start.as_secs_f64(),
             "cpu_seconds": r.cpu.iter().map(|(n, c)| json!({"process": n, "seconds": c})).collect::<Vec<_>>(),
             "extender_mean_ms": r.extender_ms.iter().map(|(v, ms, n)| json!({"verb": v, "mean_ms": ms, "calls": n})).collect::<Vec<_>>(),
+            "extender_connections": r.extender_connections,
             "api_requests": r.api_requests.iter().map(|(k, n)| json!({"request": k, "count": n})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
         "ratios": ratios.iter().cloned().collect::<serde_json::Map<_, _>>(),
     });

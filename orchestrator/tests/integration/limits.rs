@@ -180,11 +180,12 @@ async fn connections_beyond_the_cap_are_refused() {
         .await;
     let got = read_to_close(&mut second).await;
     assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    let text = metrics.encode().unwrap();
+    assert!(text.contains("kudos_orchestrator_http_connections_refused_total 1"));
+    // Only the connection let in counts as accepted.
     assert!(
-        metrics
-            .encode()
-            .unwrap()
-            .contains("kudos_orchestrator_http_connections_refused_total 1"),
+        text.contains("kudos_orchestrator_http_connections_accepted_total 1"),
+        "{text}"
     );
     // The first connection still works.
     first
