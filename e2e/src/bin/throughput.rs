@@ -513,8 +513,11 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
     };
     cp.check_running()?;
     let mut extender_ms = Vec::new();
+    // The do-nothing extender's own count; Kudos' comes from its `/metrics` below (none when
+    // that cannot be read, rather than the do-nothing extender's zero).
     let mut extender_connections = extender
         .as_ref()
+        .filter(|_| orch.is_none())
         .map(|_| kudos_e2e::null_extender::connections() - null_connections0);
     if let Some(orc) = orch.as_mut() {
         orc.check_running()?;
