@@ -562,13 +562,7 @@ async fn api_requests(client: &kube::Client) -> Option<std::collections::BTreeMa
         let Some((labels, value)) = rest.rsplit_once("} ") else {
             continue;
         };
-        let label = |k: &str| {
-            labels
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
-                .map(|v| v.trim_matches('"'))
-                .unwrap_or("")
-        };
+        let label = |k: &str| label_value(labels, k).unwrap_or("");
         let sub = label("subresource");
         let key = format!(
             "{} {}{}{}",
@@ -577,7 +571,7 @@ async fn api_requests(client: &kube::Client) -> Option<std::collections::BTreeMa
             if sub.is_empty() { "" } else { "/" },
             sub
         );
-        *out.entry(key).or_default() += value.trim().parse::<f64>().unwrap_or(0.0);
+        *out.entry(key).or_default() += sample_value(value);
     }
     Some(out)
 }
@@ -597,6 +591,23 @@ fn pin(name: &str, pid: u32, cpus: &str) -> Result<()> {
     Ok(())
 }
 
+/// The value of label `key` in a sample's `k="v",...` label list (unquoted).
+fn label_value<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
+    labels.split(',').find_map(|kv| {
+        kv.strip_prefix(key)
+            .and_then(|v| v.strip_prefix('='))
+            .map(|v| v.trim_matches('"'))
+    })
+}
+
+/// A sample's value: the first field after its labels (a timestamp may follow), 0 if unreadable.
+fn sample_value(rest: &str) -> f64 {
+    rest.split_whitespace()
+        .next()
+        .and_then(|x| x.parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// Mean extender handling time per verb (ms, count) from the orchestrator's own histogram.
 fn extender_means(metrics: &str) -> Vec<(String, f64, u64)> {
     let base = "kudos_orchestrator_extender_request_duration_seconds";
@@ -612,17 +623,10 @@ fn extender_means(metrics: &str) -> Vec<(String, f64, u64)> {
         let Some((labels, value)) = rest.split_once("} ") else {
             continue;
         };
-        let verb = labels
-            .split(',')
-            .find_map(|kv| kv.strip_prefix("verb="))
-            .unwrap_or(labels)
-            .trim_matches('"')
+        let verb = label_value(labels, "verb")
+            .unwrap_or(labels.trim_matches('"'))
             .to_string();
-        let v: f64 = value
-            .split_whitespace()
-            .next()
-            .and_then(|x| x.parse().ok())
-            .unwrap_or(0.0);
+        let v = sample_value(value);
         let e = sums.entry(verb).or_default();
         if is_sum { e.0 += v } else { e.1 += v as u64 }
     }
