@@ -443,6 +443,7 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
     let conn_limits = http::ConnLimits {
         max_connections: s.max_connections,
         header_read_timeout: s.header_read_timeout,
+        max_streams_per_connection: u32::try_from(s.max_concurrent_requests).unwrap_or(u32::MAX),
     };
     let http_task = tokio::spawn(
         http::serve(
@@ -550,7 +551,7 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
     // The device plugins' and node agents' bearer tokens cross this listener: TLS whenever a
     // certificate is configured.
     let grpc_tls = match &s.tls {
-        Some(files) => Some(security::start_tls(files, b"h2", s.tls_reload_interval)?),
+        Some(files) => Some(security::start_tls(files, &[b"h2"], s.tls_reload_interval)?),
         None => {
             tracing::warn!(
                 "gRPC is plain HTTP/2: device plugins' and node agents' bearer tokens cross the network in the clear; set tls.certFile and tls.keyFile"

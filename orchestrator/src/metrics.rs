@@ -31,6 +31,13 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
+/// Label set `{protocol}`: `h2` or `http/1.1` ([`crate::http::Protocol::as_str`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProtocolLabels {
+    /// The protocol a connection speaks.
+    pub protocol: &'static str,
+}
+
 /// The reasons of `run_report_rejections_total` (see `grpc::check_run_report`).
 pub const REJECTION_REASONS: [&str; 3] = ["name_too_long", "too_many_devices", "implausible_time"];
 
@@ -120,6 +127,8 @@ pub struct Metrics {
     pub http_connections_refused: Counter,
     /// HTTP connections accepted (with TLS on, each one a handshake).
     pub http_connections_accepted: Counter,
+    /// HTTP connections served (TLS handshake done), by protocol.
+    pub http_connections_served: Family<ProtocolLabels, Counter>,
     /// Heavy read requests (`/state`, `/explain`, `/metrics`) refused with 503.
     pub heavy_requests_refused: Counter,
     /// Store files found damaged or empty and moved aside at start.
@@ -264,10 +273,22 @@ impl Metrics {
         let http_connections_accepted = Counter::default();
         registry.register(
             "http_connections_accepted",
-            "HTTP connections accepted, each a TLS handshake where TLS is on (kube-scheduler's \
-             client keeps at most two idle connections per extender, so concurrent binds open \
-             new ones)",
+            "HTTP connections accepted, each a TLS handshake where TLS is on (over HTTP/1.1 \
+             kube-scheduler's client keeps at most two idle connections per extender, so \
+             concurrent binds open new ones; over HTTP/2 it multiplexes one)",
             http_connections_accepted.clone(),
+        );
+        let http_connections_served = Family::<ProtocolLabels, Counter>::default();
+        for p in [crate::http::Protocol::Http2, crate::http::Protocol::Http1] {
+            let protocol = p.as_str();
+            let _ = http_connections_served.get_or_create(&ProtocolLabels { protocol });
+        }
+        registry.register(
+            "http_connections_served",
+            "HTTP connections served after the TLS handshake, by protocol (h2: negotiated over \
+             TLS through ALPN; http/1.1: every plain-HTTP connection and TLS clients that did \
+             not offer h2)",
+            http_connections_served.clone(),
         );
         let heavy_requests_refused = Counter::default();
         registry.register(
@@ -320,6 +341,7 @@ impl Metrics {
             report_rejections,
             http_connections_refused,
             http_connections_accepted,
+            http_connections_served,
             heavy_requests_refused,
             store_recoveries,
             index_stalled_seconds,

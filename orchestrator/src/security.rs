@@ -38,17 +38,22 @@ pub(crate) fn authenticator(
     })
 }
 
-/// A TLS server for `files` offering `alpn`, re-reading them every `every`.
+/// A TLS server for `files` offering the `alpn` protocols (preferred first), re-reading them
+/// every `every`.
 pub(crate) fn start_tls(
     files: &tls::TlsFiles,
-    alpn: &[u8],
+    alpn: &[&[u8]],
     every: Duration,
 ) -> anyhow::Result<Arc<tls::TlsServer>> {
     let server = Arc::new(
-        tls::TlsServer::load_with_alpn(files.clone(), vec![alpn.to_vec()])
+        tls::TlsServer::load_with_alpn(files.clone(), alpn.iter().map(|p| p.to_vec()).collect())
             .with_context(|| format!("loading the TLS certificate {}", files.cert.display()))?,
     );
-    let protocol = String::from_utf8_lossy(alpn).into_owned();
+    let protocol = alpn
+        .iter()
+        .map(|p| String::from_utf8_lossy(p))
+        .collect::<Vec<_>>()
+        .join(",");
     tokio::spawn(
         server
             .clone()
@@ -67,7 +72,7 @@ pub(crate) fn http_security(
     let tls = s
         .tls
         .as_ref()
-        .map(|files| start_tls(files, b"http/1.1", s.tls_reload_interval))
+        .map(|files| start_tls(files, &crate::http::ALPN, s.tls_reload_interval))
         .transpose()?;
     let extender = match s.extender_access {
         config::ExtenderAccessMode::ClientCertificate => {

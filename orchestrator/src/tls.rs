@@ -142,9 +142,10 @@ pub struct TlsServer {
 }
 
 impl TlsServer {
-    /// Reads and checks the files, for HTTP/1.1; an error here stops the start.
+    /// Reads and checks the files, for the HTTP listener (ALPN `h2`, then `http/1.1`); an
+    /// error here stops the start.
     pub fn load(files: TlsFiles) -> Result<Self, TlsError> {
-        Self::load_with_alpn(files, vec![b"http/1.1".to_vec()])
+        Self::load_with_alpn(files, crate::http::ALPN.map(<[u8]>::to_vec).to_vec())
     }
 
     /// Reads and checks the files, offering the `alpn` protocols (`h2` for gRPC).

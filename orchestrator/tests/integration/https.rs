@@ -118,24 +118,36 @@ fn state_with(access: AccessPolicy) -> Arc<HttpState> {
 }
 
 async fn start(tls: Arc<TlsServer>, access: AccessPolicy) -> std::net::SocketAddr {
+    let conn = ConnLimits {
+        max_connections: 64,
+        header_read_timeout: Duration::from_secs(5),
+        max_streams_per_connection: 64,
+    };
+    start_with(tls, access, conn).await.0
+}
+
+async fn start_with(
+    tls: Arc<TlsServer>,
+    access: AccessPolicy,
+    conn: ConnLimits,
+) -> (
+    std::net::SocketAddr,
+    Arc<kudos_orchestrator::metrics::Metrics>,
+) {
     let state = state_with(access);
     let metrics = state.metrics.clone();
     let app = router(state, &limits());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let conn = ConnLimits {
-        max_connections: 64,
-        header_read_timeout: Duration::from_secs(5),
-    };
     tokio::spawn(serve(
         listener,
         app,
         conn,
         Some(tls),
-        metrics,
+        metrics.clone(),
         std::future::pending(),
     ));
-    addr
+    (addr, metrics)
 }
 
 fn filter_body() -> Vec<u8> {
@@ -211,6 +223,201 @@ async fn extender_verbs_need_the_schedulers_client_certificate() {
     // Plain HTTP to the HTTPS port gets no HTTP answer.
     let plain = kudos_testkit::http::request("GET", &addr.to_string(), "/healthz", None);
     assert!(plain.is_err() || plain.is_ok_and(|r| r.status != 200));
+}
+
+/// `connector` offering ALPN `h2` and `http/1.1`, as Go's HTTP client does.
+fn h2_connector(ca: &Path, cert: Option<&(PathBuf, PathBuf)>) -> tokio_rustls::TlsConnector {
+    let base = connector(ca, cert);
+    let mut config = (**base.config()).clone();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
+/// An HTTP/2 connection over TLS: its request sender and the ALPN protocol agreed.
+async fn h2_connect(
+    addr: std::net::SocketAddr,
+    tls: &tokio_rustls::TlsConnector,
+) -> (
+    hyper::client::conn::http2::SendRequest<axum::body::Body>,
+    Option<Vec<u8>>,
+) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let s = tls
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    let alpn = s.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(s),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    (send, alpn)
+}
+
+/// One POST on an HTTP/2 connection: status and body.
+async fn h2_post(
+    mut send: hyper::client::conn::http2::SendRequest<axum::body::Body>,
+    path: &str,
+    body: Vec<u8>,
+) -> (u16, String) {
+    let req = axum::http::Request::post(format!("https://localhost{path}"))
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(body))
+        .unwrap();
+    send.ready().await.unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.version(), axum::http::Version::HTTP_2);
+    let status = resp.status().as_u16();
+    let bytes = axum::body::to_bytes(axum::body::Body::new(resp.into_body()), 1 << 20)
+        .await
+        .unwrap();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+fn served(text: &str, protocol: &str) -> u64 {
+    let series =
+        format!("kudos_orchestrator_http_connections_served_total{{protocol=\"{protocol}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in {text}"))
+}
+
+/// kube-scheduler's Go client offers `h2`: its concurrent filter, prioritize and bind calls
+/// then share one connection (one TLS handshake), and the client certificate still decides
+/// each call.
+#[tokio::test]
+async fn http2_multiplexes_the_schedulers_calls_on_one_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "kudos-ca");
+    let (crt, key) = pki.server("kudos-orchestrator");
+    let tls = Arc::new(
+        TlsServer::load(TlsFiles {
+            cert: crt,
+            key,
+            client_ca: Some(pki.ca()),
+        })
+        .unwrap(),
+    );
+    let access = AccessPolicy {
+        extender: ExtenderAccess::ClientCertificate {
+            names: vec!["kudos-scheduler".into()],
+        },
+        read: ReadAccess::Open,
+    };
+    let limits = ConnLimits {
+        max_connections: 64,
+        header_read_timeout: Duration::from_secs(5),
+        max_streams_per_connection: 8,
+    };
+    let (addr, metrics) = start_with(tls, access, limits).await;
+
+    let scheduler = h2_connector(&pki.ca(), Some(&pki.client("kudos-scheduler")));
+    let (send, alpn) = h2_connect(addr, &scheduler).await;
+    assert_eq!(alpn.as_deref(), Some(b"h2".as_slice()));
+    // The server's SETTINGS (its stream limit) are in by the first answer; streams opened
+    // beyond the limit before that are refused (REFUSED_STREAM, which Go's client retries).
+    let (status, out) = h2_post(send.clone(), "/kudos/v1/filter", filter_body()).await;
+    assert_eq!(status, 200, "{out}");
+    // Then more calls in flight at once than the stream limit: the client queues, none fails.
+    let calls = (0..32).map(|_| h2_post(send.clone(), "/kudos/v1/filter", filter_body()));
+    for (status, out) in futures::future::join_all(calls).await {
+        assert_eq!(status, 200, "{out}");
+        assert!(out.contains("gpu-a"), "{out}");
+    }
+    let text = metrics.encode().unwrap();
+    assert_eq!(served(&text, "h2"), 1, "one connection for 32 calls");
+    assert_eq!(served(&text, "http/1.1"), 0);
+    assert!(
+        text.contains("kudos_orchestrator_http_connections_accepted_total 1\n"),
+        "{text}"
+    );
+
+    // Without the certificate, HTTP/2 is refused the same way HTTP/1.1 is.
+    let (anonymous, _) = h2_connect(addr, &h2_connector(&pki.ca(), None)).await;
+    let (status, out) = h2_post(anonymous, "/kudos/v1/filter", filter_body()).await;
+    assert_eq!(status, 401, "{out}");
+
+    // A client that offers only HTTP/1.1 gets HTTP/1.1.
+    let (status, out) = https(
+        addr,
+        &connector(&pki.ca(), Some(&pki.client("kudos-scheduler"))),
+        "POST",
+        "/kudos/v1/filter",
+        &filter_body(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{out}");
+    let text = metrics.encode().unwrap();
+    assert_eq!(served(&text, "http/1.1"), 1);
+    assert_eq!(served(&text, "h2"), 2);
+}
+
+/// An HTTP/2 client that completes the TLS handshake but sends no request is let go after
+/// the header timeout, as a silent HTTP/1.1 client is: idle connections cannot pin the cap.
+#[tokio::test]
+async fn a_silent_http2_client_is_disconnected() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "kudos-ca");
+    let (crt, key) = pki.server("kudos-orchestrator");
+    let tls = Arc::new(
+        TlsServer::load(TlsFiles {
+            cert: crt,
+            key,
+            client_ca: None,
+        })
+        .unwrap(),
+    );
+    let limits = ConnLimits {
+        max_connections: 1,
+        header_read_timeout: Duration::from_millis(300),
+        max_streams_per_connection: 8,
+    };
+    let (addr, _) = start_with(tls, AccessPolicy::default(), limits).await;
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut silent = h2_connector(&pki.ca(), None)
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    assert_eq!(silent.get_ref().1.alpn_protocol(), Some(b"h2".as_slice()));
+    // The server's SETTINGS may arrive first; then the connection ends.
+    let mut sink = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(10), silent.read_to_end(&mut sink)).await;
+    assert!(
+        ended.is_ok(),
+        "the server kept a silent HTTP/2 connection open"
+    );
+    // Its permit is back: the one connection allowed serves the next client (retried: the
+    // permit is returned just after the socket closes).
+    let mut status = None;
+    for _ in 0..50 {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let Ok(s) = h2_connector(&pki.ca(), None)
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+        else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        let (mut send, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(s),
+        )
+        .await
+        .unwrap();
+        tokio::spawn(conn);
+        let req = axum::http::Request::get("https://localhost/healthz")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        send.ready().await.unwrap();
+        status = Some(send.send_request(req).await.unwrap().status());
+        break;
+    }
+    assert_eq!(status, Some(axum::http::StatusCode::OK));
 }
 
 #[tokio::test]

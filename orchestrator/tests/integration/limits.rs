@@ -147,6 +147,7 @@ async fn slow_headers_are_cut_off() {
     let (addr, _) = start_server(ConnLimits {
         max_connections: 8,
         header_read_timeout: Duration::from_millis(200),
+        max_streams_per_connection: 8,
     })
     .await;
     let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -163,6 +164,7 @@ async fn connections_beyond_the_cap_are_refused() {
     let (addr, metrics) = start_server(ConnLimits {
         max_connections: 1,
         header_read_timeout: Duration::from_secs(30),
+        max_streams_per_connection: 8,
     })
     .await;
     let mut first = tokio::net::TcpStream::connect(addr).await.unwrap();

@@ -9,7 +9,8 @@
 //! size, [`crate::limits::MAX_NODE_NAMES`]) and the heavy read endpoints (`/state`,
 //! `/explain`, `/metrics`) have their own small concurrency limit, answer 503 beyond it, and
 //! build `/state` on a blocking thread: they never take the workers kube-scheduler's calls
-//! need. [`serve`] owns the accept loop: a connection cap and a header-read timeout.
+//! need. [`serve`] (`listener.rs`) owns the accept loop: a connection cap, the TLS handshake,
+//! HTTP/2 or HTTP/1.1 by what the client negotiated, and the header or first-request timeout.
 
 use crate::extender::Extender;
 use crate::extender::types::{ExtenderArgs, ExtenderBindingArgs};
@@ -29,6 +30,9 @@ use tower::ServiceBuilder;
 use tower::limit::ConcurrencyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
+
+mod listener;
+pub use listener::{ALPN, ConnLimits, Protocol, serve};
 
 /// Shared state of the HTTP handlers.
 pub struct HttpState {
@@ -431,140 +435,4 @@ pub fn router(state: Arc<HttpState>, limits: &HttpLimits) -> Router {
             .layer(DefaultBodyLimit::max(limits.max_body_bytes))
             .layer(ConcurrencyLimitLayer::new(limits.max_concurrent)),
     )
-}
-
-/// Connection limits of [`serve`].
-#[derive(Clone, Copy, Debug)]
-pub struct ConnLimits {
-    /// Open connections at most; more are closed as soon as they are accepted.
-    pub max_connections: usize,
-    /// Time a client has to send a request's headers.
-    pub header_read_timeout: Duration,
-}
-
-/// Serves `app` on `listener` (HTTP/1.1, keep-alive; HTTPS when `tls` is given) until
-/// `shutdown` resolves, then lets open connections finish their current request. Connections
-/// beyond the cap are closed at once and counted; a client that does not finish the TLS
-/// handshake or send its headers in time is disconnected. Each request carries the
-/// connection's verified client certificate ([`crate::tls::PeerCertificate`]).
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    app: Router,
-    limits: ConnLimits,
-    tls: Option<Arc<crate::tls::TlsServer>>,
-    metrics: Arc<Metrics>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    use hyper_util::rt::{TokioExecutor, TokioTimer};
-    use hyper_util::server::conn::auto::Builder;
-
-    let conns = Arc::new(Semaphore::new(limits.max_connections));
-    let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
-    let mut builder = Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .keep_alive(true);
-    let builder = Arc::new(builder.http1_only());
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let Ok(permit) = conns.clone().try_acquire_owned() else {
-            metrics.http_connections_refused.inc();
-            tracing::warn!(%peer, max = limits.max_connections, "connection refused: too many open connections");
-            drop(stream);
-            continue;
-        };
-        metrics.http_connections_accepted.inc();
-        let _ = stream.set_nodelay(true);
-        let conn = Connection {
-            app: app.clone(),
-            builder: builder.clone(),
-            drain: drain_rx.clone(),
-            peer,
-        };
-        let acceptor = tls.as_ref().map(|t| t.acceptor());
-        let handshake_timeout = limits.header_read_timeout;
-        tokio::spawn(async move {
-            match acceptor {
-                None => {
-                    conn.run(stream, crate::tls::PeerCertificate::default())
-                        .await
-                }
-                Some(acceptor) => {
-                    let tls =
-                        crate::tls::handshake(acceptor, stream, handshake_timeout, peer).await;
-                    if let Some(tls) = tls {
-                        let cert = tls
-                            .get_ref()
-                            .1
-                            .peer_certificates()
-                            .and_then(|c| c.first())
-                            .map(|c| Arc::new(c.clone().into_owned()));
-                        conn.run(tls, crate::tls::PeerCertificate(cert)).await;
-                    }
-                }
-            }
-            drop(permit);
-        });
-    }
-    let _ = drain_tx.send(true);
-    // Every connection holds a permit until it ends: having them all back means drained.
-    let _ = conns.acquire_many(limits.max_connections as u32).await;
-    Ok(())
-}
-
-/// One accepted connection, served until it ends or the server drains.
-struct Connection {
-    app: Router,
-    builder: Arc<hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor>>,
-    drain: tokio::sync::watch::Receiver<bool>,
-    peer: std::net::SocketAddr,
-}
-
-impl Connection {
-    async fn run<I>(mut self, io: I, cert: crate::tls::PeerCertificate)
-    where
-        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    {
-        use hyper_util::rt::TokioIo;
-        use hyper_util::service::TowerToHyperService;
-        let service = tower::ServiceBuilder::new()
-            .map_request(move |mut req: axum::http::Request<hyper::body::Incoming>| {
-                req.extensions_mut().insert(cert.clone());
-                req
-            })
-            .service(self.app);
-        let service = TowerToHyperService::new(service);
-        let conn = self.builder.serve_connection(TokioIo::new(io), service);
-        tokio::pin!(conn);
-        let peer = self.peer;
-        let mut draining = false;
-        loop {
-            tokio::select! {
-                r = conn.as_mut() => {
-                    if let Err(e) = r {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
-                    }
-                    break;
-                }
-                _ = self.drain.wait_for(|d| *d), if !draining => {
-                    draining = true;
-                    conn.as_mut().graceful_shutdown();
-                }
-            }
-        }
-    }
 }
