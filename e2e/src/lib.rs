@@ -8,7 +8,7 @@
 //! Where to start: [`ControlPlane::start`].
 #![forbid(unsafe_code)]
 
-pub use kudos_testkit::{cluster, dra, http, kubelet, nodes, orchestrator, paths, proc};
+pub use kudos_testkit::{cluster, dra, http, kubelet, nodes, orchestrator, paths, pki, proc};
 pub mod browser;
 pub mod null_extender;
 pub mod plugin_bench;

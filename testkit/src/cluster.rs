@@ -37,6 +37,20 @@ pub struct ExtenderOptions {
     pub ignored_by_scheduler: bool,
     /// HTTP timeout.
     pub timeout: Duration,
+    /// HTTPS (`enableHTTPS: true` and this `tlsConfig`), as the chart configures Kudos'
+    /// scheduler; `None` for plain HTTP.
+    pub tls: Option<ExtenderTls>,
+}
+
+/// The extender's `tlsConfig`: the files kube-scheduler presents and trusts.
+#[derive(Debug, Clone)]
+pub struct ExtenderTls {
+    /// CA that signed the extender's serving certificate (`caFile`).
+    pub ca: PathBuf,
+    /// kube-scheduler's client certificate (`certFile`).
+    pub cert: PathBuf,
+    /// Its key (`keyFile`).
+    pub key: PathBuf,
 }
 
 impl ExtenderOptions {
@@ -56,6 +70,7 @@ impl ExtenderOptions {
             managed_resource: "kudos.dev/gpu".into(),
             ignored_by_scheduler: false,
             timeout: Duration::from_secs(5),
+            tls: None,
         };
         let path = crate::paths::repo_root().join("deploy/scheduler/kube-scheduler-config.yaml");
         let Some(e) = std::fs::read_to_string(&path)
@@ -229,8 +244,17 @@ pub fn scheduler_config(
         if let Some(v) = &e.bind_verb {
             s.push_str(&format!("  bindVerb: {v}\n"));
         }
+        match &e.tls {
+            None => s.push_str("  enableHTTPS: false\n"),
+            Some(t) => s.push_str(&format!(
+                "  enableHTTPS: true\n  tlsConfig:\n    caFile: {}\n    certFile: {}\n    keyFile: {}\n",
+                t.ca.display(),
+                t.cert.display(),
+                t.key.display()
+            )),
+        }
         s.push_str(&format!(
-            "  weight: {}\n  enableHTTPS: false\n  nodeCacheCapable: true\n  ignorable: {}\n  httpTimeout: {}ms\n\
+            "  weight: {}\n  nodeCacheCapable: true\n  ignorable: {}\n  httpTimeout: {}ms\n\
              \x20 managedResources:\n  - name: {}\n    ignoredByScheduler: {}\n",
             e.weight,
             e.ignorable,

@@ -17,6 +17,8 @@ pub struct Orchestrator {
     pub http_addr: String,
     /// `127.0.0.1:<port>` of the gRPC server.
     pub grpc_addr: String,
+    /// How the HTTP port is called when it serves HTTPS ([`OrchestratorOptions::https`]).
+    pub https: Option<http::TlsClient>,
 }
 
 /// The static token of a node for the gRPC API (see [`Orchestrator::start`]).
@@ -39,6 +41,9 @@ pub struct OrchestratorOptions {
     pub extra: Vec<String>,
     /// Environment variables set for the process (`POD_NAME`, ...).
     pub env: Vec<(String, String)>,
+    /// The HTTP port serves HTTPS (its `tls` settings in a `--config` file among `extra`):
+    /// how the kit calls `/readyz`, `/explain` and the rest.
+    pub https: Option<http::TlsClient>,
 }
 
 impl Default for OrchestratorOptions {
@@ -49,6 +54,7 @@ impl Default for OrchestratorOptions {
             static_token_nodes: Some(Vec::new()),
             extra: Vec::new(),
             env: Vec::new(),
+            https: None,
         }
     }
 }
@@ -85,10 +91,11 @@ impl Orchestrator {
     /// has `--leader-elect`): returns once `/healthz` answers, whether or not it leads.
     pub async fn start_follower(dir: &Path, opts: &OrchestratorOptions) -> Result<Self> {
         let mut orch = Self::spawn(dir, opts)?;
-        let addr = orch.http_addr.clone();
+        let (addr, tls) = (orch.http_addr.clone(), orch.https.clone());
         orch.proc
             .wait_ready("/healthz", Duration::from_secs(60), async || {
-                let r = http::request("GET", &addr, "/healthz", None).ok()?;
+                let r =
+                    http::request_maybe_tls(tls.as_ref(), "GET", &addr, "/healthz", None).ok()?;
                 (r.status == 200).then_some(())
             })
             .await?;
@@ -97,10 +104,11 @@ impl Orchestrator {
 
     /// Waits until `/readyz` answers 200: the extender answers (a follower's too).
     pub async fn wait_ready_http(&mut self, timeout: Duration) -> Result<()> {
-        let http_addr = self.http_addr.clone();
+        let (http_addr, tls) = (self.http_addr.clone(), self.https.clone());
         self.proc
             .wait_ready("/readyz", timeout, async || {
-                let r = http::request("GET", &http_addr, "/readyz", None).ok()?;
+                let r = http::request_maybe_tls(tls.as_ref(), "GET", &http_addr, "/readyz", None)
+                    .ok()?;
                 (r.status == 200).then_some(())
             })
             .await
@@ -110,10 +118,12 @@ impl Orchestrator {
     /// until it leads).
     pub async fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
         let (http_addr, grpc_addr) = (self.http_addr.clone(), self.grpc_addr.clone());
+        let tls = self.https.clone();
         // `/readyz` can answer before the gRPC server listens: wait for both.
         self.proc
             .wait_ready("/readyz and gRPC", timeout, async || {
-                let r = http::request("GET", &http_addr, "/readyz", None).ok()?;
+                let r = http::request_maybe_tls(tls.as_ref(), "GET", &http_addr, "/readyz", None)
+                    .ok()?;
                 std::net::TcpStream::connect(&grpc_addr).ok()?;
                 (r.status == 200).then_some(())
             })
@@ -122,7 +132,7 @@ impl Orchestrator {
 
     /// `GET /readyz`: status and body.
     pub fn readyz(&self) -> Result<(u16, String)> {
-        let r = http::request("GET", &self.http_addr, "/readyz", None)?;
+        let r = self.get("/readyz")?;
         Ok((r.status, String::from_utf8_lossy(&r.body).into_owned()))
     }
 
@@ -169,17 +179,28 @@ impl Orchestrator {
             proc,
             http_addr: format!("127.0.0.1:{hp}"),
             grpc_addr: format!("127.0.0.1:{gp}"),
+            https: opts.https.clone(),
         })
     }
 
-    /// `http://127.0.0.1:<port>/kudos/v1`, the extender URL prefix for kube-scheduler.
+    /// `http(s)://127.0.0.1:<port>/kudos/v1`, the extender URL prefix for kube-scheduler.
     pub fn extender_url(&self) -> String {
-        format!("http://{}/kudos/v1", self.http_addr)
+        let scheme = if self.https.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}/kudos/v1", self.http_addr)
+    }
+
+    /// `GET path` on the HTTP port (over HTTPS when it serves HTTPS).
+    pub fn get(&self, path: &str) -> Result<http::Response> {
+        http::request_maybe_tls(self.https.as_ref(), "GET", &self.http_addr, path, None)
     }
 
     /// `GET /explain/{namespace}/{pod}` as JSON.
     pub fn explain(&self, namespace: &str, pod: &str) -> Result<serde_json::Value> {
-        http::get_json(&self.http_addr, &format!("/explain/{namespace}/{pod}"))
+        self.get(&format!("/explain/{namespace}/{pod}"))?.json()
     }
 
     /// Process id.

@@ -51,6 +51,7 @@ async fn replica(
             ("POD_NAME".into(), name.into()),
             ("POD_NAMESPACE".into(), "default".into()),
         ],
+        https: None,
     };
     Ok((dir, opts))
 }
