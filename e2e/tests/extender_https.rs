@@ -7,12 +7,9 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
-use kudos_e2e::cluster::ExtenderTls;
-use kudos_e2e::http::TlsClient;
 use kudos_e2e::nodes::{create_nodes, uniform_shapes};
-use kudos_e2e::orchestrator::{Orchestrator, OrchestratorOptions};
+use kudos_e2e::orchestrator::{ChartTls, Orchestrator, OrchestratorOptions};
 use kudos_e2e::paths::{kudos_bin, upstream_bin};
-use kudos_e2e::pki::Pki;
 use kudos_e2e::pods::bound_node;
 use kudos_e2e::{ControlPlane, ControlPlaneOptions, ExtenderOptions};
 use serde_json::json;
@@ -54,33 +51,14 @@ async fn kube_scheduler_calls_the_extender_over_mutual_tls_on_one_http2_connecti
     let names: Vec<String> = shapes.iter().map(|s| s.name.clone()).collect();
 
     // The chart's layout: one CA signs the orchestrator's serving certificate and
-    // kube-scheduler's client certificate.
-    let pki = Pki::new(run.path(), "kudos-ca", 2)?;
-    let (server_crt, server_key) = pki.server("kudos-orchestrator")?;
-    let (client_crt, client_key) = pki.client("kudos-scheduler")?;
-    let config = run.path().join("orchestrator-config.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "apiVersion: kudos.dev/v1alpha1\nkind: OrchestratorConfig\n\
-             tls:\n  certFile: {}\n  keyFile: {}\n  clientCAFile: {}\n\
-             access:\n  extender: clientCertificate\n  extenderClientNames: [kudos-scheduler]\n",
-            server_crt.display(),
-            server_key.display(),
-            pki.ca().display()
-        ),
-    )?;
-    let orch = Orchestrator::start_with(
-        run.path(),
-        &OrchestratorOptions {
-            kubeconfig: Some(cp.kubeconfig.clone()),
-            static_token_nodes: Some(names),
-            extra: vec![format!("--config={}", config.display())],
-            https: Some(TlsClient::new(&pki.ca(), "localhost", None)?),
-            ..OrchestratorOptions::default()
-        },
-    )
-    .await?;
+    // kube-scheduler's client certificate, which the extender verbs require.
+    let tls = ChartTls::new(run.path())?;
+    let opts = tls.apply(OrchestratorOptions {
+        kubeconfig: Some(cp.kubeconfig.clone()),
+        static_token_nodes: Some(names),
+        ..OrchestratorOptions::default()
+    });
+    let orch = Orchestrator::start_with(run.path(), &opts).await?;
     assert!(orch.extender_url().starts_with("https://"));
 
     // Without kube-scheduler's certificate the verbs are refused.
@@ -91,11 +69,7 @@ async fn kube_scheduler_calls_the_extender_over_mutual_tls_on_one_http2_connecti
     );
 
     let mut ext = ExtenderOptions::kudos(orch.extender_url());
-    ext.tls = Some(ExtenderTls {
-        ca: pki.ca(),
-        cert: client_crt,
-        key: client_key,
-    });
+    ext.tls = Some(tls.scheduler.clone());
     cp.start_scheduler(50, Some(&ext))?;
 
     let pods: Api<Pod> = Api::namespaced(cp.client.clone(), "default");

@@ -26,6 +26,58 @@ pub fn node_token(node: &str) -> String {
     format!("e2e-token-{node}")
 }
 
+/// HTTPS as the chart sets it up: one CA (under `dir/kudos-ca`) signs the orchestrator's
+/// serving certificate (localhost, 127.0.0.1) and kube-scheduler's client certificate
+/// (naming `kudos-scheduler`), which the extender verbs then require.
+#[derive(Debug, Clone)]
+pub struct ChartTls {
+    /// The orchestrator's `--config` file, with its `tls` and `access` sections.
+    pub config: PathBuf,
+    /// How the kit calls the orchestrator ([`OrchestratorOptions::https`]).
+    pub client: http::TlsClient,
+    /// kube-scheduler's `tlsConfig` for the extender.
+    pub scheduler: crate::cluster::ExtenderTls,
+}
+
+impl ChartTls {
+    /// Makes the certificates and the config file under `dir`.
+    pub fn new(dir: &Path) -> Result<Self> {
+        let pki = crate::pki::Pki::new(dir, "kudos-ca", 2)?;
+        let (crt, key) = pki.server("kudos-orchestrator")?;
+        let (client_crt, client_key) = pki.client("kudos-scheduler")?;
+        let config = dir.join("orchestrator-tls-config.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "apiVersion: kudos.dev/v1alpha1\nkind: OrchestratorConfig\n\
+                 tls:\n  certFile: {}\n  keyFile: {}\n  clientCAFile: {}\n\
+                 access:\n  extender: clientCertificate\n  extenderClientNames: [kudos-scheduler]\n",
+                crt.display(),
+                key.display(),
+                pki.ca().display()
+            ),
+        )?;
+        Ok(Self {
+            config,
+            client: http::TlsClient::new(&pki.ca(), "localhost", None)?,
+            scheduler: crate::cluster::ExtenderTls {
+                ca: pki.ca(),
+                cert: client_crt,
+                key: client_key,
+            },
+        })
+    }
+
+    /// Options that start the orchestrator with these certificates (`opts.extra` gets the
+    /// `--config` flag; it must not carry another).
+    pub fn apply(&self, mut opts: OrchestratorOptions) -> OrchestratorOptions {
+        opts.extra
+            .push(format!("--config={}", self.config.display()));
+        opts.https = Some(self.client.clone());
+        opts
+    }
+}
+
 /// How to start the orchestrator (see [`Orchestrator::start_with`]).
 #[derive(Debug, Clone)]
 pub struct OrchestratorOptions {

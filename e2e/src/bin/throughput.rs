@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kudos_e2e::nodes::{NodeShape, alibaba_shapes, create_nodes};
-use kudos_e2e::orchestrator::Orchestrator;
+use kudos_e2e::orchestrator::{ChartTls, Orchestrator, OrchestratorOptions};
 use kudos_e2e::paths::{kudos_bin, upstream_bin};
 use kudos_e2e::{ControlPlane, ControlPlaneOptions, ExtenderOptions, RunDir, require_bins};
 use serde_json::json;
@@ -67,6 +67,10 @@ USAGE: kudos-e2e-throughput [--pods N] [--nodes N] [--non-gpu F] [--qps Q] [--pi
                    kudos-score-only  kudos with prioritize only, kube-scheduler binds (its
                                      explanation then goes out as an Event per pod)
                    kudos-no-events   kudos without its one Event per pod (--pod-events false)
+                   kudos-https       kudos over HTTPS as the chart installs it: a serving
+                                     certificate, kube-scheduler's client certificate required
+                                     (HTTP/2 where the orchestrator offers it, as since
+                                     2026-12-07; an older KUDOS_BIN_DIR build gives HTTP/1.1)
                    kudos-own-scheduler
                                      as the chart installs Kudos: the cluster's kube-scheduler
                                      untouched, a second one (schedulerName kudos) with the
@@ -156,7 +160,7 @@ fn parse() -> Result<Opts> {
     Ok(o)
 }
 
-const MODES: [&str; 15] = [
+const MODES: [&str; 16] = [
     "baseline",
     "null-extender",
     "null-extender-top",
@@ -169,6 +173,7 @@ const MODES: [&str; 15] = [
     "kudos-prioritize",
     "kudos-score-only",
     "kudos-no-events",
+    "kudos-https",
     "kudos-own-scheduler",
     "null-extender-own-scheduler",
     "affinity-floor",
@@ -390,8 +395,24 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
                 "kudos-all-nodes" => vec!["--filter-top-nodes".into(), "0".into()],
                 _ => Vec::new(),
             };
-            let orc = Orchestrator::start(run.path(), Some(&cp.kubeconfig), &names, &extra).await?;
+            let (orc, tls) = if mode == "kudos-https" {
+                let tls = ChartTls::new(run.path())?;
+                let opts = tls.apply(OrchestratorOptions {
+                    kubeconfig: Some(cp.kubeconfig.clone()),
+                    static_token_nodes: Some(names),
+                    ..OrchestratorOptions::default()
+                });
+                let orc = Orchestrator::start_with(run.path(), &opts).await?;
+                (orc, Some(tls.scheduler))
+            } else {
+                let kc = Some(cp.kubeconfig.as_path());
+                (
+                    Orchestrator::start(run.path(), kc, &names, &extra).await?,
+                    None,
+                )
+            };
             let mut e = ExtenderOptions::kudos(orc.extender_url());
+            e.tls = tls;
             if mode == "kudos-prioritize" {
                 e.filter_verb = None;
                 e.ignored_by_scheduler = false;
@@ -521,7 +542,7 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
         .map(|_| kudos_e2e::null_extender::connections() - null_connections0);
     if let Some(orc) = orch.as_mut() {
         orc.check_running()?;
-        if let Ok(r) = kudos_e2e::http::request("GET", &orc.http_addr, "/metrics", None) {
+        if let Ok(r) = orc.get("/metrics") {
             let text = String::from_utf8_lossy(&r.body);
             extender_ms = extender_means(&text);
             extender_connections = text.lines().find_map(|l| {
