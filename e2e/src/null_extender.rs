@@ -1,4 +1,5 @@
-//! A do-nothing scheduler extender on loopback, HTTP/1.1 keep-alive, one thread per connection:
+//! A do-nothing scheduler extender on loopback, HTTP/1.1 keep-alive (over TLS with a client
+//! certificate required when started with [`Tls`]), one thread per connection:
 //! `filter` echoes `NodeNames`, `prioritize` scores every node 0 and, when it is given an API
 //! client, `bind` posts the Binding kube-scheduler asks for (what Kudos' `bind` does, minus every
 //! check). The floor of what the extender protocol itself costs kube-scheduler with the same
@@ -11,7 +12,7 @@ use k8s_openapi::api::core::v1::{Binding, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 
 /// Where `bind` posts Bindings: an API client and the runtime to run it on (the server's
 /// threads are plain threads).
@@ -30,27 +31,77 @@ pub fn connections() -> u64 {
     CONNECTIONS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Starts the server; returns its `http://127.0.0.1:<port>` URL prefix (verbs `filter`,
+/// HTTPS as the orchestrator serves it with the chart's settings: its serving certificate,
+/// and a client certificate from `client_ca` required of every caller.
+pub struct Tls {
+    /// PEM serving certificate.
+    pub cert: std::path::PathBuf,
+    /// Its PEM key.
+    pub key: std::path::PathBuf,
+    /// PEM CA of the client certificates accepted.
+    pub client_ca: std::path::PathBuf,
+}
+
+impl Tls {
+    fn config(&self) -> Result<std::sync::Arc<rustls::ServerConfig>> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_file_iter(&self.client_ca)? {
+            roots.add(c?)?;
+        }
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            std::sync::Arc::new(roots),
+            provider.clone(),
+        )
+        .build()?;
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(
+                CertificateDer::pem_file_iter(&self.cert)?.collect::<Result<Vec<_>, _>>()?,
+                PrivateKeyDer::from_pem_file(&self.key)?,
+            )?;
+        Ok(std::sync::Arc::new(config))
+    }
+}
+
+/// Starts the server; returns its `http(s)://127.0.0.1:<port>` URL prefix (verbs `filter`,
 /// `prioritize`, and `bind` when `binder` is given). `filter` passes the first `filter_top`
 /// names (all with `None`). It lives until the process exits.
-pub fn start(binder: Option<Binder>, filter_top: Option<usize>) -> Result<String> {
+pub fn start(
+    binder: Option<Binder>,
+    filter_top: Option<usize>,
+    tls: Option<&Tls>,
+) -> Result<String> {
     let l = TcpListener::bind("127.0.0.1:0")?;
-    let url = format!("http://{}", l.local_addr()?);
+    let tls = tls.map(Tls::config).transpose()?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let url = format!("{scheme}://{}", l.local_addr()?);
     std::thread::spawn(move || {
         for c in l.incoming().flatten() {
             CONNECTIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let binder = binder.clone();
+            let tls = tls.clone();
             std::thread::spawn(move || {
-                let _ = serve(c, binder.as_ref(), filter_top);
+                let _ = c.set_nodelay(true);
+                let _ = match tls {
+                    None => serve(c, binder.as_ref(), filter_top),
+                    Some(config) => rustls::ServerConnection::new(config)
+                        .map_err(anyhow::Error::from)
+                        .and_then(|s| {
+                            let stream = rustls::StreamOwned::new(s, c);
+                            serve(stream, binder.as_ref(), filter_top)
+                        }),
+                };
             });
         }
     });
     Ok(url)
 }
 
-fn serve(c: TcpStream, binder: Option<&Binder>, filter_top: Option<usize>) -> Result<()> {
-    c.set_nodelay(true)?;
-    let mut w = c.try_clone()?;
+fn serve(c: impl Read + Write, binder: Option<&Binder>, filter_top: Option<usize>) -> Result<()> {
     let mut r = BufReader::new(c);
     loop {
         let mut line = String::new();
@@ -91,6 +142,7 @@ fn serve(c: TcpStream, binder: Option<&Binder>, filter_top: Option<usize>) -> Re
             }
         };
         let b = out.to_string();
+        let w = r.get_mut();
         write!(
             w,
             "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",

@@ -37,6 +37,8 @@ pub struct ChartTls {
     pub client: http::TlsClient,
     /// kube-scheduler's `tlsConfig` for the extender.
     pub scheduler: crate::cluster::ExtenderTls,
+    /// The serving certificate and key (PEM), for another server to present the same.
+    pub server: (PathBuf, PathBuf),
 }
 
 impl ChartTls {
@@ -65,6 +67,7 @@ impl ChartTls {
                 cert: client_crt,
                 key: client_key,
             },
+            server: (crt, key),
         })
     }
 

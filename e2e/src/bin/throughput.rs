@@ -58,6 +58,9 @@ USAGE: kudos-e2e-throughput [--pods N] [--nodes N] [--non-gpu F] [--qps Q] [--pi
                                      the same passing every node (null-extender until 2026-12-06)
                    null-extender-fp  a do-nothing extender, filter + prioritize, kube-scheduler binds
                    null-extender-p   a do-nothing extender, prioritize only, kube-scheduler binds
+                   null-extender-https
+                                     null-extender over HTTPS (HTTP/1.1), kube-scheduler's
+                                     client certificate required: the floor for kudos-https
                    kudos             kudos-orchestrator as deploy/scheduler configures it
                    kudos-top         kudos whose filter passes its --top-nodes best nodes
                                      (--filter-top-nodes; shipped: 100)
@@ -160,13 +163,14 @@ fn parse() -> Result<Opts> {
     Ok(o)
 }
 
-const MODES: [&str; 16] = [
+const MODES: [&str; 17] = [
     "baseline",
     "null-extender",
     "null-extender-top",
     "null-extender-all-nodes",
     "null-extender-fp",
     "null-extender-p",
+    "null-extender-https",
     "kudos",
     "kudos-top",
     "kudos-all-nodes",
@@ -362,6 +366,7 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
         | "null-extender-all-nodes"
         | "null-extender-fp"
         | "null-extender-p"
+        | "null-extender-https"
         | "null-extender-own-scheduler" => {
             let binder = kudos_e2e::null_extender::Binder {
                 client: cp.client.clone(),
@@ -374,8 +379,18 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
                 "null-extender-top" => Some(o.top_nodes),
                 _ => Some(KUDOS_FILTER_TOP_NODES),
             };
-            let url = kudos_e2e::null_extender::start(Some(binder), top)?;
+            let tls = match mode {
+                "null-extender-https" => Some(ChartTls::new(run.path())?),
+                _ => None,
+            };
+            let server_tls = tls.as_ref().map(|t| kudos_e2e::null_extender::Tls {
+                cert: t.server.0.clone(),
+                key: t.server.1.clone(),
+                client_ca: t.scheduler.ca.clone(),
+            });
+            let url = kudos_e2e::null_extender::start(Some(binder), top, server_tls.as_ref())?;
             let mut e = ExtenderOptions::kudos(url);
+            e.tls = tls.map(|t| t.scheduler);
             if mode == "null-extender-fp" {
                 e.filter_verb = Some("filter".into());
                 e.prioritize_verb = Some("prioritize".into());
@@ -789,6 +804,7 @@ fn ratios(out: &[Outcome]) -> Vec<(String, serde_json::Value)> {
         ("kudos-all-nodes", "null-extender-all-nodes"),
         ("kudos-prioritize", "null-extender-all-nodes"),
         ("kudos-no-events", "null-extender"),
+        ("kudos-https", "null-extender-https"),
     ] {
         if let (Some(a), Some(b)) = (find(k), find(null)) {
             put(format!("{k}/{null} gpu"), a.gpu.rate(), b.gpu.rate());
