@@ -6,9 +6,50 @@
 //! pod is bound to the requested node, so a retried bind after a lost response succeeds.
 //! [`LocalBinder`] (standalone mode, no API server) only records the decision.
 
+use super::BIND_AFTER_RANKING_SECONDS;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+/// Why `bind` refused a pod Kudos did not place.
+#[derive(Debug, thiserror::Error)]
+pub enum BindRefusal {
+    /// No ranking of this pod (with this UID) is known.
+    #[error("Kudos has not ranked pod {pod}; it binds only pods it filtered or prioritized")]
+    NotRanked {
+        /// `namespace/name`.
+        pod: String,
+    },
+    /// The ranking is too old.
+    #[error(
+        "Kudos ranked pod {pod} {age:.0} s ago; a bind must follow its ranking within {BIND_AFTER_RANKING_SECONDS} s"
+    )]
+    Stale {
+        /// `namespace/name`.
+        pod: String,
+        /// Seconds since the ranking.
+        age: f64,
+    },
+    /// The node was not among those that passed.
+    #[error("node {node} did not pass Kudos' filter for pod {pod}")]
+    NodeDidNotPass {
+        /// `namespace/name`.
+        pod: String,
+        /// Node asked for.
+        node: String,
+    },
+}
+
+impl BindRefusal {
+    /// Label value of `kudos_extender_bind_refused_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::NotRanked { .. } => "notRanked",
+            Self::Stale { .. } => "stale",
+            Self::NodeDidNotPass { .. } => "nodeDidNotPass",
+        }
+    }
+}
 
 /// Bind failures.
 #[derive(Debug, thiserror::Error)]

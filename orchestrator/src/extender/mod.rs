@@ -25,9 +25,12 @@
 pub mod bind;
 mod explain;
 pub mod ledger;
+mod reuse;
 pub mod types;
 
+pub use bind::BindRefusal;
 pub use explain::{ExplainCache, Explained};
+pub use reuse::LastFilter;
 
 use crate::index::SharedIndex;
 use crate::kobj::{self, NodeInfo, PodFacts};
@@ -36,7 +39,7 @@ use bind::Binder;
 use kudos_scheduler_core::{GangSpec, PodSpec, Ranking};
 use ledger::Ledger;
 use std::borrow::Cow;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use types::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
 };
@@ -48,30 +51,6 @@ pub const BIND_AFTER_RANKING_SECONDS: f64 = 600.0;
 const MAX_EXPLAINED_UNKNOWN: usize = 100;
 
 use crate::fasthash::FastSet;
-
-/// The last filter's ranking, which prioritize reuses for the same pod when no score can have
-/// changed in between: kube-scheduler calls prioritize right after filter, in the same
-/// scheduling cycle, with exactly the nodes that passed, so ranking again would compute the
-/// same scores (same inputs, same seed). Binds in between (the earlier pods' binding cycles run
-/// beside this pod's cycle) do not count: they change which nodes fit, never a node's score,
-/// and fit was settled by this cycle's filter, kube-scheduler's NodeResourcesFit included,
-/// against a snapshot that already holds those pods (see [`crate::index::Index::generation`]).
-#[derive(Default)]
-pub struct LastFilter(Mutex<Option<CachedFilter>>);
-
-struct CachedFilter {
-    uid: String,
-    at: std::time::Instant,
-    /// [`crate::index::Index::generation`] when the filter ranked.
-    generation: u64,
-    explained: Arc<Explained>,
-    /// The nodes the filter let through, in the order it answered them (which is the order
-    /// kube-scheduler's prioritize sends them in), as indices into the ranking's entries.
-    passed: Vec<u32>,
-}
-
-/// How long a filter ranking may be reused.
-const REUSE_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Everything the extender reads.
 pub struct Extender {
@@ -93,46 +72,6 @@ pub struct Extender {
     pub filter_top_nodes: Option<usize>,
     /// One event per ranked pod (with a cluster).
     pub events: Option<Arc<crate::events::PodEvents>>,
-}
-
-/// Why `bind` refused a pod Kudos did not place.
-#[derive(Debug, thiserror::Error)]
-pub enum BindRefusal {
-    /// No ranking of this pod (with this UID) is known.
-    #[error("Kudos has not ranked pod {pod}; it binds only pods it filtered or prioritized")]
-    NotRanked {
-        /// `namespace/name`.
-        pod: String,
-    },
-    /// The ranking is too old.
-    #[error(
-        "Kudos ranked pod {pod} {age:.0} s ago; a bind must follow its ranking within {BIND_AFTER_RANKING_SECONDS} s"
-    )]
-    Stale {
-        /// `namespace/name`.
-        pod: String,
-        /// Seconds since the ranking.
-        age: f64,
-    },
-    /// The node was not among those that passed.
-    #[error("node {node} did not pass Kudos' filter for pod {pod}")]
-    NodeDidNotPass {
-        /// `namespace/name`.
-        pod: String,
-        /// Node asked for.
-        node: String,
-    },
-}
-
-impl BindRefusal {
-    /// Label value of `kudos_extender_bind_refused_total`.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Self::NotRanked { .. } => "notRanked",
-            Self::Stale { .. } => "stale",
-            Self::NodeDidNotPass { .. } => "nodeDidNotPass",
-        }
-    }
 }
 
 /// The outcome of evaluating one pod against candidate nodes.
@@ -257,47 +196,6 @@ fn entries_by_name(of_name: &[Option<u32>], states: usize, ranking: &Ranking) ->
 }
 
 impl Extender {
-    /// The filter ranking of this pod and each of `names`' score in it, if prioritize may
-    /// reuse it: the same pod, no score input changed since, and `names` exactly the nodes the
-    /// filter let through, in the order it answered them (one string comparison per node).
-    fn reusable(&self, facts: &PodFacts, names: &[Cow<str>]) -> Option<(Arc<Explained>, Vec<u8>)> {
-        if facts.uid.is_empty() || facts.gang.is_some() {
-            return None;
-        }
-        let g = self.last_filter.0.lock().ok()?;
-        let c = g.as_ref()?;
-        let fresh = c.uid == facts.uid
-            && c.at.elapsed() < REUSE_WINDOW
-            && c.generation == self.index.read().generation()
-            && names.len() == c.passed.len();
-        if !fresh {
-            return None;
-        }
-        let entries = &c.explained.ranking.entries;
-        let in_order = names
-            .iter()
-            .zip(&c.passed)
-            .map(|(n, &e)| {
-                let entry = entries.get(e as usize)?;
-                (entry.node.as_str() == n.as_ref()).then_some(entry.score)
-            })
-            .collect::<Option<Vec<u8>>>();
-        // Another order of the same nodes (not kube-scheduler's, but a caller's): by name.
-        let scores = in_order.or_else(|| {
-            let by_name: crate::fasthash::FastMap<&str, u8> =
-                entries.iter().map(|e| (e.node.as_str(), e.score)).collect();
-            (by_name.len() == names.len())
-                .then(|| {
-                    names
-                        .iter()
-                        .map(|n| by_name.get(n.as_ref()).copied())
-                        .collect::<Option<Vec<u8>>>()
-                })
-                .flatten()
-        })?;
-        Some((c.explained.clone(), scores))
-    }
-
     fn evaluate(
         &self,
         verb: &'static str,
@@ -553,18 +451,10 @@ impl Extender {
         {
             events.ranked(&facts, &ev.explained);
         }
-        if facts.gang.is_none()
-            && !facts.uid.is_empty()
-            && let Ok(mut g) = self.last_filter.0.lock()
-        {
-            *g = Some(CachedFilter {
-                uid: facts.uid.clone(),
-                at: std::time::Instant::now(),
-                generation,
-                explained: ev.explained.clone(),
-                passed: answered.iter().flatten().copied().collect(),
+        self.last_filter
+            .remember(&facts, generation, &ev.explained, || {
+                answered.iter().flatten().copied().collect()
             });
-        }
         // The `Nodes` form (kube-scheduler without nodeCacheCapable): full objects, by name.
         let nodes = args.nodes.map(|mut l| {
             let passed: FastSet<&str> = names
@@ -613,7 +503,8 @@ impl Extender {
         }
         let span = tracing::debug_span!("prioritize", pod = %format!("{}/{}", facts.namespace, facts.name), class = facts.class.as_deref().unwrap_or(""), nodes = names.len());
         let _g = span.enter();
-        if let Some((explained, scores)) = self.reusable(&facts, &names) {
+        let generation = || self.index.read().generation();
+        if let Some((explained, scores)) = self.last_filter.reusable(&facts, &names, generation) {
             tracing::debug!("reusing the filter ranking");
             if let Some(events) = &self.events {
                 events.ranked(&facts, &explained);
