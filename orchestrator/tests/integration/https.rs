@@ -357,6 +357,59 @@ async fn http2_multiplexes_the_schedulers_calls_on_one_connection() {
     assert_eq!(served(&text, "h2"), 2);
 }
 
+/// A refusal waits for the rest of the request's body: answered while the client is still
+/// uploading, the HTTP/2 stream would end in RST_STREAM, which curl 7.88 reports as a framing
+/// error instead of the 401.
+#[tokio::test]
+async fn a_refused_http2_upload_is_read_to_its_end_before_the_refusal() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "kudos-ca");
+    let (crt, key) = pki.server("kudos-orchestrator");
+    let tls = Arc::new(
+        TlsServer::load(TlsFiles {
+            cert: crt,
+            key,
+            client_ca: Some(pki.ca()),
+        })
+        .unwrap(),
+    );
+    let access = AccessPolicy {
+        extender: ExtenderAccess::ClientCertificate {
+            names: vec!["kudos-scheduler".into()],
+        },
+        read: ReadAccess::Open,
+    };
+    let addr = start(tls, access).await;
+    let (mut send, _) = h2_connect(addr, &h2_connector(&pki.ca(), None)).await;
+    let (mut tx, rx) =
+        futures::channel::mpsc::channel::<Result<axum::body::Bytes, std::io::Error>>(1);
+    let req = axum::http::Request::post("https://localhost/kudos/v1/filter")
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from_stream(rx))
+        .unwrap();
+    send.ready().await.unwrap();
+    let response = tokio::spawn(send.send_request(req));
+    use futures::SinkExt;
+    tx.send(Ok(axum::body::Bytes::from_static(b"{\"Pod\":")))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !response.is_finished(),
+        "refused before the request's body ended"
+    );
+    tx.send(Ok(axum::body::Bytes::from_static(b"{}}")))
+        .await
+        .unwrap();
+    drop(tx);
+    let resp = tokio::time::timeout(Duration::from_secs(10), response)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+}
+
 /// An HTTP/2 client that completes the TLS handshake but sends no request is let go after
 /// the header timeout, as a silent HTTP/1.1 client is: idle connections cannot pin the cap.
 #[tokio::test]
