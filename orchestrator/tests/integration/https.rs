@@ -150,6 +150,28 @@ async fn start_with(
     (addr, metrics)
 }
 
+/// The chart's settings: a CA under `dir`, its serving certificate, and the extender verbs
+/// open only to a client certificate from it naming `kudos-scheduler` (reads open).
+fn scheduler_only(dir: &Path) -> (Pki, Arc<TlsServer>, AccessPolicy) {
+    let pki = Pki::new(dir, "kudos-ca");
+    let (crt, key) = pki.server("kudos-orchestrator");
+    let tls = Arc::new(
+        TlsServer::load(TlsFiles {
+            cert: crt,
+            key,
+            client_ca: Some(pki.ca()),
+        })
+        .unwrap(),
+    );
+    let access = AccessPolicy {
+        extender: ExtenderAccess::ClientCertificate {
+            names: vec!["kudos-scheduler".into()],
+        },
+        read: ReadAccess::Open,
+    };
+    (pki, tls, access)
+}
+
 fn filter_body() -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({
         "Pod": pod_json("p", Some("resnet50"), 1),
@@ -161,27 +183,9 @@ fn filter_body() -> Vec<u8> {
 #[tokio::test]
 async fn extender_verbs_need_the_schedulers_client_certificate() {
     let dir = tempfile::tempdir().unwrap();
-    let pki = Pki::new(dir.path(), "kudos-ca");
+    let (pki, tls, access) = scheduler_only(dir.path());
     let rogue = Pki::new(dir.path(), "rogue-ca");
-    let (crt, key) = pki.server("kudos-orchestrator");
-    let tls = Arc::new(
-        TlsServer::load(TlsFiles {
-            cert: crt,
-            key,
-            client_ca: Some(pki.ca()),
-        })
-        .unwrap(),
-    );
-    let addr = start(
-        tls,
-        AccessPolicy {
-            extender: ExtenderAccess::ClientCertificate {
-                names: vec!["kudos-scheduler".into()],
-            },
-            read: ReadAccess::Open,
-        },
-    )
-    .await;
+    let addr = start(tls, access).await;
     let scheduler = connector(&pki.ca(), Some(&pki.client("kudos-scheduler")));
     let intruder = connector(&pki.ca(), Some(&pki.client("intruder")));
     let anonymous = connector(&pki.ca(), None);
@@ -292,22 +296,7 @@ fn served(text: &str, protocol: &str) -> u64 {
 #[tokio::test]
 async fn http2_multiplexes_the_schedulers_calls_on_one_connection() {
     let dir = tempfile::tempdir().unwrap();
-    let pki = Pki::new(dir.path(), "kudos-ca");
-    let (crt, key) = pki.server("kudos-orchestrator");
-    let tls = Arc::new(
-        TlsServer::load(TlsFiles {
-            cert: crt,
-            key,
-            client_ca: Some(pki.ca()),
-        })
-        .unwrap(),
-    );
-    let access = AccessPolicy {
-        extender: ExtenderAccess::ClientCertificate {
-            names: vec!["kudos-scheduler".into()],
-        },
-        read: ReadAccess::Open,
-    };
+    let (pki, tls, access) = scheduler_only(dir.path());
     let limits = ConnLimits {
         max_connections: 64,
         header_read_timeout: Duration::from_secs(5),
@@ -363,22 +352,7 @@ async fn http2_multiplexes_the_schedulers_calls_on_one_connection() {
 #[tokio::test]
 async fn a_refused_http2_upload_is_read_to_its_end_before_the_refusal() {
     let dir = tempfile::tempdir().unwrap();
-    let pki = Pki::new(dir.path(), "kudos-ca");
-    let (crt, key) = pki.server("kudos-orchestrator");
-    let tls = Arc::new(
-        TlsServer::load(TlsFiles {
-            cert: crt,
-            key,
-            client_ca: Some(pki.ca()),
-        })
-        .unwrap(),
-    );
-    let access = AccessPolicy {
-        extender: ExtenderAccess::ClientCertificate {
-            names: vec!["kudos-scheduler".into()],
-        },
-        read: ReadAccess::Open,
-    };
+    let (pki, tls, access) = scheduler_only(dir.path());
     let addr = start(tls, access).await;
     let (mut send, _) = h2_connect(addr, &h2_connector(&pki.ca(), None)).await;
     let (mut tx, rx) =
