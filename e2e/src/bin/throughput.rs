@@ -254,8 +254,8 @@ struct Outcome {
     gpu: Kind,
     non_gpu: Kind,
     since_start: Duration,
-    /// (verb, mean ms, calls) as the orchestrator measured its extender handlers.
-    extender_ms: Vec<(String, f64, u64)>,
+    /// Each verb's handling time as the orchestrator measured it.
+    extender_ms: Vec<VerbTimes>,
     /// CPU seconds each process used from scheduler start to the last binding.
     cpu: Vec<(String, f64)>,
     /// Connections the extender accepted: Kudos' counter since the orchestrator started (its
@@ -559,7 +559,7 @@ async fn run_mode(mode: &str, o: &Opts) -> Result<Outcome> {
         orc.check_running()?;
         if let Ok(r) = orc.get("/metrics") {
             let text = String::from_utf8_lossy(&r.body);
-            extender_ms = extender_means(&text);
+            extender_ms = extender_times(&text);
             extender_connections = text.lines().find_map(|l| {
                 l.strip_prefix("kudos_orchestrator_http_connections_accepted_total ")
                     .and_then(|v| v.trim().parse::<f64>().ok())
@@ -644,31 +644,88 @@ fn sample_value(rest: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Mean extender handling time per verb (ms, count) from the orchestrator's own histogram.
-fn extender_means(metrics: &str) -> Vec<(String, f64, u64)> {
+/// One extender verb's handling time, from the orchestrator's own histogram.
+#[derive(Debug)]
+struct VerbTimes {
+    verb: String,
+    mean_ms: f64,
+    calls: u64,
+    /// The upper bound of the histogram bucket that holds the 99th percentile, ms: 99 % of the
+    /// calls took at most this (the buckets double, so it bounds the p99 within a factor of
+    /// two). `None` when the p99 is beyond the largest bucket.
+    p99_at_most_ms: Option<f64>,
+}
+
+/// Each verb's mean handling time, calls and p99 bound ([`VerbTimes`]) from the orchestrator's
+/// `kudos_orchestrator_extender_request_duration_seconds`.
+fn extender_times(metrics: &str) -> Vec<VerbTimes> {
     let base = "kudos_orchestrator_extender_request_duration_seconds";
-    let mut sums = std::collections::BTreeMap::<String, (f64, u64)>::new();
+    #[derive(Default)]
+    struct Verb {
+        sum: f64,
+        count: u64,
+        /// (upper bound in seconds, cumulative count)
+        buckets: Vec<(f64, f64)>,
+    }
+    let mut verbs = std::collections::BTreeMap::<String, Verb>::new();
+    let (sum, count, bucket) = (
+        format!("{base}_sum{{"),
+        format!("{base}_count{{"),
+        format!("{base}_bucket{{"),
+    );
     for l in metrics.lines() {
-        let (is_sum, rest) = if let Some(r) = l.strip_prefix(&format!("{base}_sum{{")) {
-            (true, r)
-        } else if let Some(r) = l.strip_prefix(&format!("{base}_count{{")) {
-            (false, r)
+        let (kind, rest) = if let Some(r) = l.strip_prefix(&sum) {
+            (0, r)
+        } else if let Some(r) = l.strip_prefix(&count) {
+            (1, r)
+        } else if let Some(r) = l.strip_prefix(&bucket) {
+            (2, r)
         } else {
             continue;
         };
         let Some((labels, value)) = rest.split_once("} ") else {
             continue;
         };
-        let verb = label_value(labels, "verb")
-            .unwrap_or(labels.trim_matches('"'))
-            .to_string();
+        let Some(verb) = label_value(labels, "verb") else {
+            continue;
+        };
         let v = sample_value(value);
-        let e = sums.entry(verb).or_default();
-        if is_sum { e.0 += v } else { e.1 += v as u64 }
+        let e = verbs.entry(verb.to_string()).or_default();
+        match kind {
+            0 => e.sum += v,
+            1 => e.count += v as u64,
+            _ => {
+                let le = match label_value(labels, "le") {
+                    Some("+Inf") => f64::INFINITY,
+                    Some(le) => match le.parse() {
+                        Ok(le) => le,
+                        Err(_) => continue,
+                    },
+                    None => continue,
+                };
+                e.buckets.push((le, v));
+            }
+        }
     }
-    sums.into_iter()
-        .filter(|(_, (_, c))| *c > 0)
-        .map(|(k, (s, c))| (k, s * 1000.0 / c as f64, c))
+    verbs
+        .into_iter()
+        .filter(|(_, v)| v.count > 0)
+        .map(|(verb, mut v)| {
+            v.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let wanted = 0.99 * v.count as f64;
+            let p99_at_most_ms = v
+                .buckets
+                .iter()
+                .find(|(_, cumulative)| *cumulative >= wanted)
+                .map(|(le, _)| le * 1000.0)
+                .filter(|ms| ms.is_finite());
+            VerbTimes {
+                verb,
+                mean_ms: v.sum * 1000.0 / v.count as f64,
+                calls: v.count,
+                p99_at_most_ms,
+            }
+        })
         .collect()
 }
 
@@ -746,10 +803,15 @@ async fn main() -> Result<()> {
                 requests.join(", ")
             );
         }
-        for (verb, ms, n) in &r.extender_ms {
+        for t in &r.extender_ms {
+            let p99 = t
+                .p99_at_most_ms
+                .map_or("beyond the largest bucket".to_string(), |ms| {
+                    format!("at most {ms:.2} ms")
+                });
             println!(
-                "{}: extender {verb}: mean {ms:.2} ms over {n} calls (orchestrator's histogram)",
-                r.mode
+                "{}: extender {}: mean {:.2} ms, p99 {p99}, over {} calls (orchestrator's histogram)",
+                r.mode, t.verb, t.mean_ms, t.calls
             );
         }
     }
@@ -763,7 +825,7 @@ async fn main() -> Result<()> {
             "all": r.all.json(), "gpu": r.gpu.json(), "non_gpu": r.non_gpu.json(),
             "since_scheduler_start_s": r.since_start.as_secs_f64(),
             "cpu_seconds": r.cpu.iter().map(|(n, c)| json!({"process": n, "seconds": c})).collect::<Vec<_>>(),
-            "extender_mean_ms": r.extender_ms.iter().map(|(v, ms, n)| json!({"verb": v, "mean_ms": ms, "calls": n})).collect::<Vec<_>>(),
+            "extender_mean_ms": r.extender_ms.iter().map(|t| json!({"verb": t.verb, "mean_ms": t.mean_ms, "calls": t.calls, "p99_at_most_ms": t.p99_at_most_ms})).collect::<Vec<_>>(),
             "extender_connections": r.extender_connections,
             "api_requests": r.api_requests.iter().map(|(k, n)| json!({"request": k, "count": n})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
         "ratios": ratios.iter().cloned().collect::<serde_json::Map<_, _>>(),
@@ -830,7 +892,63 @@ fn ratios(out: &[Outcome]) -> Vec<(String, serde_json::Value)> {
 
 #[cfg(test)]
 mod tests {
-    use super::model_preferences;
+    use super::{extender_times, model_preferences};
+
+    /// The histogram as prometheus-client writes it: two verbs, one of them with a tail.
+    #[test]
+    fn extender_times_gives_each_verbs_mean_and_p99_bucket() {
+        let base = "kudos_orchestrator_extender_request_duration_seconds";
+        let mut text = format!("# TYPE {base} histogram\n");
+        // filter: 200 calls, 198 within 0.4 ms, 2 within 0.8 ms (p99 in the 0.4 ms bucket).
+        // prioritize: 100 calls, 98 within 0.1 ms, 2 beyond 1.6 ms (p99 beyond them all).
+        for (verb, sum, count, buckets) in [
+            (
+                "filter",
+                0.05,
+                200,
+                [0.0, 100.0, 198.0, 200.0, 200.0, 200.0],
+            ),
+            (
+                "prioritize",
+                0.02,
+                100,
+                [98.0, 98.0, 98.0, 98.0, 98.0, 100.0],
+            ),
+        ] {
+            text.push_str(&format!("{base}_sum{{verb=\"{verb}\"}} {sum}\n"));
+            text.push_str(&format!("{base}_count{{verb=\"{verb}\"}} {count}\n"));
+            for (le, n) in ["0.0001", "0.0002", "0.0004", "0.0008", "0.0016", "+Inf"]
+                .iter()
+                .zip(buckets)
+            {
+                text.push_str(&format!(
+                    "{base}_bucket{{le=\"{le}\",verb=\"{verb}\"}} {n}\n"
+                ));
+            }
+        }
+        text.push_str("kudos_orchestrator_other_total{verb=\"filter\"} 7\n");
+        let times = extender_times(&text);
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        let [filter, prioritize] = &times[..] else {
+            panic!("two verbs expected: {times:?}");
+        };
+        assert_eq!((filter.verb.as_str(), filter.calls), ("filter", 200));
+        assert!(close(filter.mean_ms, 0.25), "{filter:?}");
+        assert!(
+            filter.p99_at_most_ms.is_some_and(|ms| close(ms, 0.4)),
+            "{filter:?}"
+        );
+        assert_eq!(
+            (prioritize.verb.as_str(), prioritize.calls),
+            ("prioritize", 100)
+        );
+        assert!(close(prioritize.mean_ms, 0.2), "{prioritize:?}");
+        assert_eq!(
+            prioritize.p99_at_most_ms, None,
+            "the tail is beyond every bucket"
+        );
+        assert!(extender_times("").is_empty());
+    }
     use k8s_openapi::api::core::v1::Affinity;
 
     fn models() -> Vec<String> {
