@@ -17,11 +17,10 @@
 //! others'.
 //!
 //! Each case is a cluster of `nodes` nodes and calls naming `names` of them. kube-scheduler sends
-//! the extender only the nodes its own filters found feasible, and those stop at
-//! `numFeasibleNodesToFind` (500 of 5,000 nodes with the default `percentageOfNodesToScore`;
-//! every node only with `percentageOfNodesToScore: 100`), each pod a window further on
-//! ([`fixture::window`]). Calls naming every node are the worst case; `5000:500` is what a
-//! Kudos configured for prioritize alone gets at 5,000 nodes as kube-scheduler calls it.
+//! the extender the nodes its own filters found feasible. Kudos' configuration sets
+//! `percentageOfNodesToScore: 100`, so that is every node that fits (calls naming every node);
+//! with kube-scheduler's default its filters stop at `numFeasibleNodesToFind` (500 of 5,000
+//! nodes), each pod a window further on ([`fixture::window`]): the case `5000:500`.
 //!
 //! Run: `cargo bench -p kudos-orchestrator --bench prioritize` (optional args: cases as
 //! `NODES` (every node named) or `NODES:NAMES`, default `1000 5000 5000:500`;
