@@ -660,6 +660,12 @@ struct VerbTimes {
 /// `kudos_orchestrator_extender_request_duration_seconds`.
 fn extender_times(metrics: &str) -> Vec<VerbTimes> {
     let base = "kudos_orchestrator_extender_request_duration_seconds";
+    /// Which series of the histogram a line belongs to.
+    enum Series {
+        Sum,
+        Count,
+        Bucket,
+    }
     #[derive(Default)]
     struct Verb {
         sum: f64,
@@ -674,12 +680,12 @@ fn extender_times(metrics: &str) -> Vec<VerbTimes> {
         format!("{base}_bucket{{"),
     );
     for l in metrics.lines() {
-        let (kind, rest) = if let Some(r) = l.strip_prefix(&sum) {
-            (0, r)
+        let (series, rest) = if let Some(r) = l.strip_prefix(&sum) {
+            (Series::Sum, r)
         } else if let Some(r) = l.strip_prefix(&count) {
-            (1, r)
+            (Series::Count, r)
         } else if let Some(r) = l.strip_prefix(&bucket) {
-            (2, r)
+            (Series::Bucket, r)
         } else {
             continue;
         };
@@ -691,10 +697,10 @@ fn extender_times(metrics: &str) -> Vec<VerbTimes> {
         };
         let v = sample_value(value);
         let e = verbs.entry(verb.to_string()).or_default();
-        match kind {
-            0 => e.sum += v,
-            1 => e.count += v as u64,
-            _ => {
+        match series {
+            Series::Sum => e.sum += v,
+            Series::Count => e.count += v as u64,
+            Series::Bucket => {
                 let le = match label_value(labels, "le") {
                     Some("+Inf") => f64::INFINITY,
                     Some(le) => match le.parse() {
@@ -893,6 +899,7 @@ fn ratios(out: &[Outcome]) -> Vec<(String, serde_json::Value)> {
 #[cfg(test)]
 mod tests {
     use super::{extender_times, model_preferences};
+    use k8s_openapi::api::core::v1::Affinity;
 
     /// The histogram as prometheus-client writes it: two verbs, one of them with a tail.
     #[test]
@@ -949,7 +956,6 @@ mod tests {
         );
         assert!(extender_times("").is_empty());
     }
-    use k8s_openapi::api::core::v1::Affinity;
 
     fn models() -> Vec<String> {
         ["A10", "G2", "P100", "T4", "V100M16"]
