@@ -42,10 +42,10 @@ pub struct PodEvents {
 pub fn note(namespace: &str, pod: &str, e: &Explained) -> String {
     let r = &e.ranking;
     let pred = |i: usize| {
-        r.entries.get(i).map(|x| {
+        r.entry(i).map(|x| {
             let p = x.prediction.as_ref();
             (
-                x.node.as_str(),
+                x.node.to_string(),
                 p.map_or("no prediction (no class)".into(), |p| {
                     format!(
                         "predicted {:.1} s ({})",
@@ -59,8 +59,8 @@ pub fn note(namespace: &str, pod: &str, e: &Explained) -> String {
     let mut s = match pred(0) {
         Some((node, p)) => format!(
             "Kudos ranked {node} first of {} for class {}: {p}",
-            r.entries.len(),
-            r.class.as_deref().unwrap_or("-")
+            r.len(),
+            r.class().unwrap_or("-")
         ),
         None => "Kudos could rank no node".to_string(),
     };
@@ -169,7 +169,8 @@ mod tests {
                 threshold_seconds: Some(10.0),
                 entries: vec![entry("gpu-a", 2.0, 1), entry("gpu-b", 6.0, 2)],
                 rejected: vec![],
-            },
+            }
+            .into(),
             gang_reservation: None,
             unknown_nodes: vec![],
             unknown_nodes_total: 0,

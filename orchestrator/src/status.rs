@@ -250,14 +250,15 @@ pub fn render(inp: &StatusInputs<'_>) -> String {
     );
     for (pod, e) in inp.recent {
         let r = &e.ranking;
-        let first = r.entries.first();
+        let first = r.entry(0);
+        let first = first.as_ref();
         let _ = write!(
             h,
             "<tr><td><a href=\"/explain/{}\">{}</a></td><td>{}</td><td>{}</td><td class=num>{}</td>\
              <td>{}</td><td class=num>{}</td><td class=num>{:.0}</td></tr>",
             esc(pod),
             esc(pod),
-            esc(r.class.as_deref().unwrap_or("-")),
+            esc(r.class().unwrap_or("-")),
             esc(first.map_or("-", |f| f.node.as_str())),
             first
                 .and_then(|f| f.prediction.as_ref())
@@ -265,7 +266,7 @@ pub fn render(inp: &StatusInputs<'_>) -> String {
             first
                 .and_then(|f| f.review)
                 .map_or("-".into(), |r| format!("{r:?}")),
-            r.entries.len(),
+            r.len(),
             (inp.now - e.computed_at).max(0.0)
         );
     }

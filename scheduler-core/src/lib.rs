@@ -53,6 +53,7 @@ pub use feedback::{ObserveError, Refit};
 pub use name::Name;
 pub use place::PlaceError;
 pub use predict::ModelState;
+pub use rank::LazyRanking;
 pub use types::{
     DeviceProfile, Feedback, GangPlacement, GangSlot, GangSpec, NodeHealth, NodeState, PodSpec,
     Prediction, PredictionSource, RankEntry, Ranking, Rejection, RejectionKind, Review,
@@ -119,6 +120,19 @@ impl Scheduler {
         seed: u64,
     ) -> Ranking {
         rank::rank(&self.config, &self.state, pod, nodes, now, seed)
+    }
+
+    /// [`Scheduler::rank`] with the recommended queue ordered when first read and its entries
+    /// written only when asked for: what a caller that needs each node's score, or the best
+    /// few, reads without paying for every entry (see [`LazyRanking`]).
+    pub fn rank_lazily(
+        &self,
+        pod: &PodSpec,
+        nodes: &[impl Borrow<NodeState>],
+        now: Timestamp,
+        seed: u64,
+    ) -> LazyRanking {
+        rank::rank_lazily(&self.config, &self.state, pod, nodes, now, seed)
     }
 
     /// §2.2 step 6: one node for a single pod; for a gang, `size` slots together, one device profile

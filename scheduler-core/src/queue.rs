@@ -107,7 +107,33 @@ pub fn balanced_allocation(node: &NodeState, pod: &PodSpec) -> u64 {
 
 /// The default plugins' total score (both at weight 1), 0..=200.
 pub fn default_score(node: &NodeState, pod: &PodSpec) -> f64 {
-    f64::from(DefaultPlugins::new(pod).score(node))
+    f64::from(DefaultPlugins::new(pod).score(&NodeResources::of(node)))
+}
+
+/// What the default scoring plugins read of a node: allocatable and requested CPU and memory,
+/// device count and free devices. Small and plain, so a ranking keeps it per node and scores
+/// the second queue only when its order is read (see `rank::lazy`).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct NodeResources {
+    cpu_allocatable_milli: u64,
+    cpu_requested_milli: u64,
+    memory_allocatable_bytes: u64,
+    memory_requested_bytes: u64,
+    count: u32,
+    free_devices: u32,
+}
+
+impl NodeResources {
+    pub(crate) fn of(node: &NodeState) -> Self {
+        Self {
+            cpu_allocatable_milli: node.cpu_allocatable_milli,
+            cpu_requested_milli: node.cpu_requested_milli,
+            memory_allocatable_bytes: node.memory_allocatable_bytes,
+            memory_requested_bytes: node.memory_requested_bytes,
+            count: node.profile.count,
+            free_devices: node.free_devices,
+        }
+    }
 }
 
 /// Both default scoring plugins for one pod, its requests resolved once for many nodes.
@@ -139,8 +165,8 @@ impl DefaultPlugins {
     /// GPU resource, skipping what the node does not have: `(NodeResourcesFit LeastAllocated,
     /// BalancedAllocation)`, each 0..=100.
     #[inline]
-    fn scores(&self, node: &NodeState) -> (u64, u64) {
-        let count = u64::from(node.profile.count);
+    fn scores(&self, node: &NodeResources) -> (u64, u64) {
+        let count = u64::from(node.count);
         let gpus = u64::from(self.gpus);
         let (cpu, memory) = (node.cpu_allocatable_milli, node.memory_allocatable_bytes);
         if gpus > 0 && count > 0 && cpu > 0 && memory > 0 {
@@ -202,17 +228,17 @@ impl DefaultPlugins {
 
     /// NodeResourcesFit (LeastAllocated), 0..=100.
     pub(crate) fn least_allocated(&self, node: &NodeState) -> u64 {
-        self.scores(node).0
+        self.scores(&NodeResources::of(node)).0
     }
 
     /// BalancedAllocation, 0..=100: `(1 - std(requested / allocatable)) * 100`.
     pub(crate) fn balanced_allocation(&self, node: &NodeState) -> u64 {
-        self.scores(node).1
+        self.scores(&NodeResources::of(node)).1
     }
 
     /// Both plugins at weight 1, 0..=200.
     #[inline]
-    pub(crate) fn score(&self, node: &NodeState) -> u8 {
+    pub(crate) fn score(&self, node: &NodeResources) -> u8 {
         let (least, balanced) = self.scores(node);
         // Each plugin is at most 100.
         (least + balanced) as u8

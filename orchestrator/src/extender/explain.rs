@@ -3,7 +3,7 @@
 
 use super::ledger::Reservation;
 use crate::fifo::FifoMap;
-use kudos_scheduler_core::Ranking;
+use kudos_scheduler_core::LazyRanking;
 use serde::Serialize;
 use std::sync::{Arc, Mutex};
 
@@ -29,8 +29,9 @@ pub struct Explained {
     /// Exploration seed used.
     pub seed: u64,
     /// The ranking: per node prediction (seconds, log-sd uncertainty, source), review, good
-    /// rate, score, default score, merged score, rank; and rejected nodes with reasons.
-    pub ranking: Ranking,
+    /// rate, score, default score, merged score, rank; and rejected nodes with reasons. Kept
+    /// as scored: its entries are written when read (`/explain`), not for every call.
+    pub ranking: LazyRanking,
     /// The gang reservation in force, if the pod belongs to a gang.
     pub gang_reservation: Option<Reservation>,
     /// Nodes Kudos could not rank (no known accelerators, or excluded by node monitoring),
@@ -45,7 +46,7 @@ impl Explained {
     /// Its size for [`MAX_EXPLAINED_NODE_LINES`]: one line per node ranked, rejected or kept
     /// unknown, and one for the rest.
     fn node_lines(&self) -> usize {
-        self.ranking.entries.len() + self.ranking.rejected.len() + self.unknown_nodes.len() + 1
+        self.ranking.len() + self.ranking.rejected().len() + self.unknown_nodes.len() + 1
     }
 }
 
@@ -124,7 +125,7 @@ impl ExplainCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kudos_scheduler_core::{Name, RankEntry};
+    use kudos_scheduler_core::{Name, RankEntry, Ranking};
 
     fn explained(nodes: usize) -> Arc<Explained> {
         let entry = |i: usize| RankEntry {
@@ -150,7 +151,8 @@ mod tests {
                 threshold_seconds: None,
                 entries: (0..nodes).map(entry).collect(),
                 rejected: Vec::new(),
-            },
+            }
+            .into(),
             gang_reservation: None,
             unknown_nodes: Vec::new(),
             unknown_nodes_total: 0,

@@ -36,7 +36,7 @@ use crate::index::SharedIndex;
 use crate::kobj::{self, NodeInfo, PodFacts};
 use crate::metrics::Metrics;
 use bind::Binder;
-use kudos_scheduler_core::{GangSpec, PodSpec, Ranking};
+use kudos_scheduler_core::{GangSpec, LazyRanking, PodSpec};
 use ledger::Ledger;
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -84,9 +84,9 @@ struct Evaluation {
     gang_error: Option<String>,
     /// Every node Kudos could not rank, with its reason.
     unknown: Vec<crate::index::Unknown>,
-    /// Per candidate name, in request order: the index of its entry in the ranking, or `None`
-    /// (unknown, excluded or rejected). A repeated name shares its first occurrence's entry.
-    entry_of: Vec<Option<u32>>,
+    /// Per candidate name, in request order: its index among the ranking's ranked nodes, or
+    /// `None` (unknown, excluded or rejected). A repeated name shares its first occurrence's.
+    ranked_of: Vec<Option<u32>>,
 }
 
 /// Current Unix time in seconds.
@@ -178,14 +178,18 @@ fn candidate_names<'a>(args: &mut ExtenderArgs<'a>) -> Vec<Cow<'a, str>> {
     }
 }
 
-/// Per candidate name, the index of its entry in `ranking`, from the name's state
-/// ([`crate::index::NodeStates::of_name`]) and each entry's position among the `states` ranked:
-/// two vector lookups per name, where a map from name to entry cost a hash and a string
+/// Per candidate name, its index among `ranking`'s ranked nodes, from the name's state
+/// ([`crate::index::NodeStates::of_name`]) and each ranked node's position among the `states`
+/// ranked: two vector lookups per name, where a map from name to entry cost a hash and a string
 /// comparison per node on every call.
-fn entries_by_name(of_name: &[Option<u32>], states: usize, ranking: &Ranking) -> Vec<Option<u32>> {
+fn ranked_by_name(
+    of_name: &[Option<u32>],
+    states: usize,
+    ranking: &LazyRanking,
+) -> Vec<Option<u32>> {
     let mut of_state = vec![None; states];
-    for (i, e) in ranking.entries.iter().enumerate() {
-        if let Some(x) = of_state.get_mut(e.candidate) {
+    for i in 0..ranking.len() {
+        if let Some(x) = ranking.candidate(i).and_then(|c| of_state.get_mut(c)) {
             *x = Some(i as u32);
         }
     }
@@ -253,9 +257,9 @@ impl Extender {
         // nodes), where copying the states out to let go sooner cost as much as the ranking.
         let model = index.scheduler();
         let unknown_nodes_total = unknown.len();
-        let ranking = model.rank(&spec, &states, now, seed);
-        let entry_of = entries_by_name(&of_name, states.len(), &ranking);
-        self.count_rejections(&ranking.rejected, unknown_nodes_total);
+        let ranking = model.rank_lazily(&spec, &states, now, seed);
+        let ranked_of = ranked_by_name(&of_name, states.len(), &ranking);
+        self.count_rejections(ranking.rejected(), unknown_nodes_total);
         let (mut gang_node, mut gang_error, mut reservation) = (None, None, None);
         if let Some(key) = &gang_key {
             let live = match self.ledger.reservation(key, now) {
@@ -267,8 +271,9 @@ impl Extender {
             match live {
                 Ok(r) => {
                     // One slot for this member, on a node the ranking accepts.
-                    let rankable: FastSet<&str> =
-                        ranking.entries.iter().map(|e| e.node.as_str()).collect();
+                    let rankable: FastSet<&str> = (0..ranking.len())
+                        .filter_map(|i| ranking.node(i).map(|n| n.as_str()))
+                        .collect();
                     let member = if facts.uid.is_empty() {
                         format!("{}/{}", facts.namespace, facts.name)
                     } else {
@@ -318,7 +323,7 @@ impl Extender {
             gang_node,
             gang_error,
             unknown,
-            entry_of,
+            ranked_of,
         }
     }
 
@@ -381,7 +386,7 @@ impl Extender {
         let (permanent, transient): (Vec<_>, Vec<_>) = ev
             .explained
             .ranking
-            .rejected
+            .rejected()
             .iter()
             .partition(|r| r.kind.is_permanent());
         let mut failed: std::collections::BTreeMap<String, String> = transient
@@ -397,8 +402,8 @@ impl Extender {
                     .map(|r| (r.node.to_string(), r.reason.clone())),
             )
             .collect();
-        // Per candidate: its entry in the ranking if it passes.
-        let mut answered = ev.entry_of;
+        // Per candidate: its index among the ranked nodes if it passes.
+        let mut answered = ev.ranked_of;
         if let Some(err) = &ev.gang_error {
             for (n, a) in names.iter().zip(&mut answered) {
                 if a.take().is_some() {
@@ -427,15 +432,21 @@ impl Extender {
                 failed.insert(n.to_string(), "not ranked by Kudos".into());
             }
         }
-        // Only the best `filter_top_nodes` pass (entries are in recommended order). The others
-        // are left out of the answer, not listed as failed: kube-scheduler drops a node missing
-        // from both, and a failed list of thousands would cost it more than it saves.
+        // Only the best `filter_top_nodes` pass. The others are left out of the answer, not
+        // listed as failed: kube-scheduler drops a node missing from both, and a failed list of
+        // thousands would cost it more than it saves.
         let mut beyond_top = 0usize;
+        let ranking = &ev.explained.ranking;
         if let Some(top) = self.filter_top_nodes
             && facts.gang.is_none()
+            && top < ranking.len()
         {
+            let mut in_top = vec![false; ranking.len()];
+            for &i in ranking.recommended().iter().take(top) {
+                in_top[i as usize] = true;
+            }
             for a in &mut answered {
-                if a.is_some_and(|e| e as usize >= top) {
+                if a.is_some_and(|i| !in_top.get(i as usize).copied().unwrap_or(false)) {
                     *a = None;
                     beyond_top += 1;
                 }
@@ -523,14 +534,12 @@ impl Extender {
         if let Some(events) = &self.events {
             events.ranked(&facts, &explained);
         }
-        let entries = &explained.ranking.entries;
+        let ranking = &explained.ranking;
         Ok(names
             .into_iter()
-            .zip(ev.entry_of)
-            .map(|(host, entry)| {
-                let score = entry
-                    .and_then(|e| entries.get(e as usize))
-                    .map_or(0, |e| e.score);
+            .zip(ev.ranked_of)
+            .map(|(host, ranked)| {
+                let score = ranked.and_then(|i| ranking.score(i as usize)).unwrap_or(0);
                 let base = i64::from(score.min(10));
                 let score = match &gang_node {
                     Some(slot) if slot.as_str() == host.as_ref() => 10,
@@ -565,7 +574,8 @@ impl Extender {
         if age > BIND_AFTER_RANKING_SECONDS {
             return Err(BindRefusal::Stale { pod: pod(), age });
         }
-        if !e.ranking.entries.iter().any(|x| x.node == node) {
+        let r = &e.ranking;
+        if !(0..r.len()).any(|i| r.node(i).is_some_and(|n| n.as_str() == node)) {
             return Err(BindRefusal::NodeDidNotPass {
                 pod: pod(),
                 node: node.to_owned(),

@@ -23,7 +23,8 @@ struct CachedFilter {
     generation: u64,
     explained: Arc<Explained>,
     /// The nodes the filter let through, in the order it answered them (which is the order
-    /// kube-scheduler's prioritize sends them in), as indices into the ranking's entries.
+    /// kube-scheduler's prioritize sends them in), as indices of ranked nodes (see
+    /// [`kudos_scheduler_core::LazyRanking`]).
     passed: Vec<u32>,
 }
 
@@ -33,7 +34,7 @@ const REUSE_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
 impl LastFilter {
     /// Keeps filter's ranking of the pod of `facts` (not a gang member's, whose answers depend
     /// on its slot claim, nor a pod without a UID): `generation` is the index generation it
-    /// ranked at, `passed` the entries it let through, in answer order.
+    /// ranked at, `passed` the ranked nodes it let through, in answer order.
     pub(super) fn remember(
         &self,
         facts: &PodFacts,
@@ -76,19 +77,20 @@ impl LastFilter {
         if !fresh {
             return None;
         }
-        let entries = &c.explained.ranking.entries;
+        let ranking = &c.explained.ranking;
         let in_order = names
             .iter()
             .zip(&c.passed)
-            .map(|(n, &e)| {
-                let entry = entries.get(e as usize)?;
-                (entry.node.as_str() == n.as_ref()).then_some(entry.score)
+            .map(|(n, &i)| {
+                let (node, score) = ranking.node_score(i as usize)?;
+                (node.as_str() == n.as_ref()).then_some(score)
             })
             .collect::<Option<Vec<u8>>>();
         // Another order of the same nodes (not kube-scheduler's, but a caller's): by name.
         let scores = in_order.or_else(|| {
-            let by_name: crate::fasthash::FastMap<&str, u8> =
-                entries.iter().map(|e| (e.node.as_str(), e.score)).collect();
+            let by_name: crate::fasthash::FastMap<&str, u8> = (0..ranking.len())
+                .filter_map(|i| ranking.node_score(i).map(|(n, s)| (n.as_str(), s)))
+                .collect();
             (by_name.len() == names.len())
                 .then(|| {
                     names

@@ -329,7 +329,7 @@ async fn explain(
         ))
     })?;
     // The third queue: nodes re-scored by the class's latest run feedback.
-    let third_queue = e.ranking.class.as_deref().and_then(|c| {
+    let third_queue = e.ranking.class().and_then(|c| {
         let index = s.index.read();
         index.third_queue(c).cloned()
     });

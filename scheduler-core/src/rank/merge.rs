@@ -1,5 +1,6 @@
-//! Design §2.2 step 5 over a call: the second queue (kube-scheduler's default plugins) and the
-//! merge into the recommended queue, in one sort.
+//! Design §2.2 step 5 over a scored call: the merge of the first queue and the second
+//! (kube-scheduler's default plugins, scored with the first) into the recommended queue, in one
+//! sort.
 //!
 //! The order is [`crate::queue::recommended_by`]'s (debug builds check every call against it):
 //! merged score descending, then the tie queue's key (the first queue's when the kudos weight is
@@ -12,12 +13,10 @@
 //! so the sort moves `(u64, u32)` pairs; rows whose keys are equal are ordered by full name, which
 //! orders them as the remaining name-key bits would, then by name.
 
-use std::borrow::Borrow;
-
-use super::{Call, Eval, Row, SHARED, Scratch};
+use super::lazy::{Scored, ScoredRow};
+use super::{Eval, Scratch};
 use crate::config::MergeWeights;
-use crate::queue::{self, DefaultPlugins, MAX_EXTENDER_SCORE, common_prefix, name_key};
-use crate::types::NodeState;
+use crate::queue::{self, MAX_EXTENDER_SCORE, common_prefix, name_key};
 
 /// Default plugins' scores run 0..=200 (two plugins at weight 1, 0..=100 each).
 const MAX_DEFAULT: usize = 2 * queue::MAX_NODE_SCORE as usize;
@@ -69,68 +68,70 @@ impl PairRanks {
     }
 }
 
-/// §2.2 step 5: each candidate's default plugins' score (the second queue, reproduced), then the
-/// recommended queue into [`Scratch::order`].
-pub(super) fn merge<N: Borrow<NodeState>>(call: &Call<'_, N>, s: &mut Scratch) {
-    let name = |row: &Row| call.node(row.node).name.as_bytes();
-    let lcp = s.rows.first().map_or(0, |first| {
-        let first = name(first);
-        s.rows.iter().fold(first.len(), |lcp, row| {
-            common_prefix(&first[..lcp], name(row))
+/// §2.2 step 5's recommended queue over a scored call: its ranked nodes (indices into
+/// [`Scored::rows`]) in recommended order. The default plugins' scores (the second queue) were
+/// computed with the scores, while the call could read its node states.
+pub(super) fn order(scored: &Scored, default_scores: &[u8], s: &mut Scratch) -> Vec<u32> {
+    let names = &scored.names;
+    let lcp = names.first().map_or(0, |first| {
+        let first = first.as_bytes();
+        names.iter().fold(first.len(), |lcp, name| {
+            common_prefix(&first[..lcp], name.as_bytes())
         })
     });
-    let plugins = DefaultPlugins::new(call.pod);
-    s.names.clear();
-    for row in &mut s.rows {
-        let node = call.node(row.node);
-        row.default_score = plugins.score(node);
-        row.name_key = name_key(node.name.as_bytes(), lcp);
-        s.names.push(Some(node.name.clone()));
-    }
+    s.name_keys.clear();
+    s.name_keys
+        .extend(names.iter().map(|n| name_key(n.as_bytes(), lcp)));
 
-    let w = &call.config.merge_weights;
+    let w = &scored.weights;
     if w.kudos > 0.0 {
-        let bits = rank_first_queue(s);
-        sort_keys(s, w, bits, |e, _| u64::from(e.queue_rank));
+        let bits = rank_first_queue(scored, s);
+        let queue_ranks = std::mem::take(&mut s.queue_ranks);
+        sort_keys(scored, default_scores, s, bits, |row, _| {
+            u64::from(queue_ranks[row.eval as usize])
+        });
+        s.queue_ranks = queue_ranks;
     } else {
-        sort_keys(s, w, 8, |_, row| {
-            (MAX_DEFAULT - usize::from(row.default_score)) as u64
+        sort_keys(scored, default_scores, s, 8, |_, default_score| {
+            (MAX_DEFAULT - usize::from(default_score)) as u64
         });
     }
-    let rows = &s.rows;
     // Equal keys: same merged score, same tie position, names equal in the key's bytes.
     for run in s.order.chunk_by_mut(|a, b| a.0 == b.0) {
         if run.len() > 1 {
             run.sort_unstable_by(|a, b| {
-                let (ra, rb) = (&rows[a.1 as usize], &rows[b.1 as usize]);
-                name(ra).cmp(name(rb)).then(a.1.cmp(&b.1))
+                let (na, nb) = (&names[a.1 as usize], &names[b.1 as usize]);
+                na.as_bytes().cmp(nb.as_bytes()).then(a.1.cmp(&b.1))
             });
         }
     }
+    let order: Vec<u32> = s.order.iter().map(|o| o.1).collect();
     debug_assert_eq!(
-        s.order.iter().map(|o| o.1).collect::<Vec<_>>(),
-        generic_order(call, s),
+        order,
+        generic_order(scored, default_scores, &s.name_keys),
         "the packed sort must give the generic merge's order"
     );
+    order
 }
 
 /// The order of [`queue::recommended_by`] over the same candidates (the reference).
-fn generic_order<N: Borrow<NodeState>>(call: &Call<'_, N>, s: &Scratch) -> Vec<u32> {
-    let items: Vec<_> = s
-        .rows
-        .iter()
-        .map(|row| (s.candidate(call.nodes, row), row.name_key))
+fn generic_order(scored: &Scored, default_scores: &[u8], name_keys: &[u64]) -> Vec<u32> {
+    let items: Vec<_> = (0..scored.rows.len())
+        .map(|r| {
+            let c = scored.candidate(r, &scored.names[r], default_scores[r]);
+            (c, name_keys[r])
+        })
         .collect();
-    queue::recommended_by(&items, |(c, k)| (c, *k), &call.config.merge_weights)
+    queue::recommended_by(&items, |(c, k)| (c, *k), &scored.weights)
         .into_iter()
         .map(|m| m.2)
         .collect()
 }
 
 /// Ranks the distinct evaluations in the first queue's order without names (score descending,
-/// rate descending, time ascending; equal keys share a rank) into [`Eval::queue_rank`]. Returns
-/// the bits a rank takes.
-fn rank_first_queue(s: &mut Scratch) -> u32 {
+/// rate descending, time ascending; equal keys share a rank) into [`Scratch::queue_ranks`], by
+/// evaluation. Returns the bits a rank takes.
+fn rank_first_queue(scored: &Scored, s: &mut Scratch) -> u32 {
     let key = |e: &Eval| {
         let c = queue::Candidate {
             name: "",
@@ -141,28 +142,23 @@ fn rank_first_queue(s: &mut Scratch) -> u32 {
         };
         (queue::first_key(&c, 0) >> 64) as u64
     };
-    let individual = s.evals.len();
-    // `order` is free until the merge's own keys: evaluation `i`, then profile `p` as
-    // `individual + p`.
+    // `order` is free until the merge's own keys.
     s.order.clear();
-    s.order
-        .extend(s.evals.iter().enumerate().map(|(i, e)| (key(e), i as u32)));
     s.order.extend(
-        s.profiles
+        scored
+            .evals
             .iter()
             .enumerate()
-            .map(|(p, row)| (key(&row.eval), (individual + p) as u32)),
+            .map(|(i, e)| (key(e), i as u32)),
     );
     s.order.sort_unstable_by_key(|k| k.0);
+    s.queue_ranks.clear();
+    s.queue_ranks.resize(scored.evals.len(), 0);
     let mut rank = 0u32;
     for (r, run) in s.order.chunk_by(|a, b| a.0 == b.0).enumerate() {
         rank = r as u32;
         for &(_, id) in run {
-            let id = id as usize;
-            match id.checked_sub(individual) {
-                None => s.evals[id].queue_rank = rank,
-                Some(p) => s.profiles[p].eval.queue_rank = rank,
-            }
+            s.queue_ranks[id as usize] = rank;
         }
     }
     u32::BITS - rank.leading_zeros()
@@ -174,18 +170,22 @@ fn rank_first_queue(s: &mut Scratch) -> u32 {
 ///
 /// The sort itself moves plain `u64`s: the row index takes the key's lowest bits (the name key
 /// gives them up, and the full-name fix-up orders rows those bits would have told apart).
-fn sort_keys(s: &mut Scratch, w: &MergeWeights, tie_bits: u32, tie: impl Fn(&Eval, &Row) -> u64) {
-    let ranks = s.pair_ranks.for_weights(w);
-    let (rows, profiles, evals) = (&s.rows, &s.profiles, &s.evals);
+fn sort_keys(
+    scored: &Scored,
+    default_scores: &[u8],
+    s: &mut Scratch,
+    tie_bits: u32,
+    tie: impl Fn(&ScoredRow, u8) -> u64,
+) {
+    let ranks = s.pair_ranks.for_weights(&scored.weights);
+    let (rows, evals, name_keys) = (&scored.rows, &scored.evals, &s.name_keys);
     let name_shift = RANK_BITS + tie_bits;
-    let key = |(i, row): (usize, &Row)| {
-        let e = match row.eval {
-            SHARED => &profiles[row.profile as usize].eval,
-            e => &evals[e as usize],
-        };
-        let rank = u64::from(ranks[PairRanks::pair(e.score, row.default_score)]);
-        let name = row.name_key.checked_shr(name_shift).unwrap_or(0);
-        let key = (rank << (64 - RANK_BITS)) | (tie(e, row) << (64 - name_shift)) | name;
+    let key = |(i, row): (usize, &ScoredRow)| {
+        let e = &evals[row.eval as usize];
+        let d = default_scores[i];
+        let rank = u64::from(ranks[PairRanks::pair(e.score, d)]);
+        let name = name_keys[i].checked_shr(name_shift).unwrap_or(0);
+        let key = (rank << (64 - RANK_BITS)) | (tie(row, d) << (64 - name_shift)) | name;
         (key, i as u32)
     };
     let row_bits = u64::BITS - (rows.len() as u64).leading_zeros();

@@ -1,5 +1,6 @@
-//! The scheduling flow of design §2.2, steps 1 to 5, as one call: [`rank`] runs each step as one
-//! named function, in order, and then writes the recommended queue.
+//! The scheduling flow of design §2.2, steps 1 to 5: [`rank_lazily`] runs steps 1 to 4 as one
+//! named function each, in order, and keeps what step 5 needs in a [`LazyRanking`], which
+//! merges the queues when its order is first read; [`rank`] writes that ranking whole.
 //!
 //! | §2.2 step | Function | What it leaves for the next step |
 //! | --- | --- | --- |
@@ -7,9 +8,9 @@
 //! | 2 | [`evaluate::predict`] | a prediction per profile, and per node with its own history |
 //! | 3 | [`evaluate::review_threshold`] | the threshold the reviews are made against |
 //! | 4 | [`evaluate::score`] | good-review rate and 0..=10 score per evaluation |
-//! | 5 | [`merge::merge`] | default plugins' score per row, the recommended order |
+//! | 5 | [`scored`], then [`merge::order`] when read | what the default plugins read per row; their scores and the recommended order |
 //!
-//! [`recommended_queue`] turns the rows into the [`Ranking`]; `table.rs` explains one.
+//! [`LazyRanking`] writes entries of the [`Ranking`] from the scored rows; `table.rs` explains one.
 //!
 //! This is the extender's hot path: kube-scheduler calls it serially for every pod, over up to
 //! thousands of nodes, so its shape follows from cost:
@@ -17,13 +18,15 @@
 //!   without their own history, the review and score are computed once per profile ([`Eval`] on
 //!   the [`ProfileRow`]); only a node with its own history (or a Thompson draw) gets its own.
 //! - Per candidate there is one small plain-data [`Row`]; every per-call buffer lives in a
-//!   thread-local [`Scratch`] reused across calls, so a call allocates its answer (entries with
-//!   their names, rejections) and nothing else that grows with the nodes.
+//!   thread-local [`Scratch`] reused across calls, so a call allocates its answer (per ranked
+//!   node its name, evaluation and resources; the rejections) and nothing else that grows
+//!   with the nodes. Entries are written only when read (see [`lazy`]).
 //! - The merge sorts `(u64, u32)` keys: merged score, tie queue position and the name's leading
 //!   bits after the common prefix; full names are compared only where those keys agree (see
 //!   [`merge`]).
 
 mod evaluate;
+mod lazy;
 mod merge;
 mod node_set;
 mod table;
@@ -35,11 +38,12 @@ use std::cell::Cell;
 
 use crate::config::{ClassConfig, Exploration, SchedulerConfig};
 use crate::predict::{ClassLookup, ClassState, LogPrediction, ModelState, work_scale};
-use crate::queue::Candidate;
-use crate::review::review;
-use crate::types::{NodeState, PodSpec, Prediction, RankEntry, Ranking, Rejection, RejectionKind};
+use crate::queue::{DefaultPlugins, NodeResources};
+use crate::types::{NodeState, PodSpec, Ranking, Rejection, RejectionKind};
 
 use evaluate::Threshold;
+pub use lazy::LazyRanking;
+use lazy::{Scored, ScoredRow};
 
 /// [`Row::eval`] of a node that shares its profile's evaluation.
 const SHARED: u32 = u32::MAX;
@@ -99,10 +103,6 @@ struct Row {
     profile: u32,
     /// Index into [`Scratch::evals`], or [`SHARED`]: the profile's evaluation.
     eval: u32,
-    /// The default plugins' score, 0..=200 (step 5's second queue).
-    default_score: u8,
-    /// The name's sort key (see [`crate::queue::name_key`]).
-    name_key: u64,
 }
 
 /// One distinct device profile among the candidates.
@@ -139,8 +139,6 @@ struct Eval {
     score: u8,
     /// Predicted seconds.
     seconds: f64,
-    /// Position of (score, rate, time) in the first queue (step 5, with a positive kudos weight).
-    queue_rank: u32,
 }
 
 impl Eval {
@@ -154,7 +152,6 @@ impl Eval {
         rate: 0.5,
         score: 5,
         seconds: 0.0,
-        queue_rank: 0,
     };
 }
 
@@ -165,14 +162,15 @@ pub(super) struct Scratch {
     /// Profile keys (`DeviceProfile::key`), reused: profile `i` uses `profile_keys[i]`.
     profile_keys: Vec<String>,
     /// Recently matched profiles (index + 1, 0 for none), by the model name's allocation.
-    recent_profiles: [u32; node_set::RECENT_SLOTS],
+    /// [`node_set::RECENT_SLOTS`] of them once the first call sized it.
+    recent_profiles: Vec<u32>,
     rows: Vec<Row>,
-    /// Each row's node name, cloned while step 5 reads the names in node order and moved into
-    /// the answer from here: the answer goes in recommended order, where taking a reference to
-    /// each name was a cache miss and an atomic increment per entry (a tenth of the call).
-    names: Vec<Option<crate::Name>>,
     /// Evaluations of nodes with their own history (or their own Thompson draw).
     evals: Vec<Eval>,
+    /// Step 5's name keys (see [`crate::queue::name_key`]), by ranked node.
+    name_keys: Vec<u64>,
+    /// Step 5's position of each evaluation in the first queue, without names.
+    queue_ranks: Vec<u32>,
     /// Step 5's sort keys; afterwards `(_, row)` in recommended order.
     order: Vec<(u64, u32)>,
     /// Step 5's keys with the row in their lowest bits, as sorted.
@@ -181,28 +179,12 @@ pub(super) struct Scratch {
 }
 
 impl Scratch {
-    fn eval(&self, row: &Row) -> &Eval {
-        match row.eval {
-            SHARED => &self.profiles[row.profile as usize].eval,
-            i => &self.evals[i as usize],
-        }
-    }
-
-    /// The queue inputs of a row, as [`crate::queue`] takes them.
-    fn candidate<'n, N: Borrow<NodeState>>(&self, nodes: &'n [N], row: &Row) -> Candidate<'n> {
-        let e = self.eval(row);
-        Candidate {
-            name: &nodes[row.node as usize].borrow().name,
-            score: e.score,
-            rate: e.rate,
-            log_time: e.log_time,
-            default_score: f64::from(row.default_score),
-        }
-    }
-
     /// Gives memory back after an unusually large call, so one huge request does not pin it.
     fn trim(&mut self) {
-        if self.rows.capacity() > SCRATCH_KEEP_ROWS && self.rows.len() < self.rows.capacity() / 4 {
+        let large = |cap: usize, len: usize| cap > SCRATCH_KEEP_ROWS && len < cap / 4;
+        if large(self.rows.capacity(), self.rows.len())
+            || large(self.name_keys.capacity(), self.name_keys.len())
+        {
             *self = Self {
                 pair_ranks: std::mem::take(&mut self.pair_ranks),
                 ..Self::default()
@@ -225,7 +207,8 @@ fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
     out
 }
 
-/// Ranks `nodes` for `pod` (see [`crate::Scheduler::rank`]): the steps in order.
+/// Ranks `nodes` for `pod` (see [`crate::Scheduler::rank`]): the steps in order, the ranking
+/// written whole.
 pub fn rank<N: Borrow<NodeState>>(
     config: &SchedulerConfig,
     state: &ModelState,
@@ -234,6 +217,19 @@ pub fn rank<N: Borrow<NodeState>>(
     now: f64,
     seed: u64,
 ) -> Ranking {
+    rank_lazily(config, state, pod, nodes, now, seed).into_ranking()
+}
+
+/// Ranks `nodes` for `pod` (see [`crate::Scheduler::rank_lazily`]): steps 1 to 4 and the second
+/// queue's scores; the merge waits until the order is read.
+pub fn rank_lazily<N: Borrow<NodeState>>(
+    config: &SchedulerConfig,
+    state: &ModelState,
+    pod: &PodSpec,
+    nodes: &[N],
+    now: f64,
+    seed: u64,
+) -> LazyRanking {
     let call = Call {
         class: Class::of(config, state, pod),
         config,
@@ -248,64 +244,56 @@ pub fn rank<N: Borrow<NodeState>>(
         let fastest = evaluate::predict(&call, s);
         let threshold = evaluate::review_threshold(&call, fastest);
         evaluate::score(&call, &threshold, s);
-        merge::merge(&call, s);
-        recommended_queue(&call, &threshold, s, rejected)
+        scored(&call, &threshold, s, rejected)
     })
 }
 
-/// The answer: the rows in step 5's order with what each step found, and the rejections.
-fn recommended_queue<N: Borrow<NodeState>>(
+/// What step 5 needs of the call, kept once the call's nodes are gone: per ranked node its
+/// name, its evaluation and what the default plugins (the second queue, reproduced) read of it.
+fn scored<N: Borrow<NodeState>>(
     call: &Call<'_, N>,
     threshold: &Threshold,
-    s: &mut Scratch,
-    mut rejected: Vec<Rejection>,
-) -> Ranking {
-    let weights = &call.config.merge_weights;
-    let mut names = std::mem::take(&mut s.names);
-    let entries = s
-        .order
+    s: &Scratch,
+    rejected: Vec<Rejection>,
+) -> LazyRanking {
+    let own = s.evals.len() as u32;
+    let mut names = Vec::with_capacity(s.rows.len());
+    let rows = s
+        .rows
         .iter()
-        .enumerate()
-        .map(|(pos, &(_, r))| {
-            let row = &s.rows[r as usize];
-            let e = s.eval(row);
-            let c = s.candidate(call.nodes, row);
-            let prediction = e.pred.map(|p| Prediction {
-                seconds: e.seconds,
-                uncertainty_log_sd: p.sd,
-                source: p.source,
-            });
-            let review = match (&prediction, threshold.seconds) {
-                (Some(p), Some(t)) => Some(review(p.seconds, t)),
-                _ => None,
-            };
-            let node = names[r as usize]
-                .take()
-                .unwrap_or_else(|| call.node(row.node).name.clone());
-            RankEntry {
-                node,
-                prediction,
-                review,
-                good_rate: e.good_rate,
-                score: e.score,
-                default_score: c.default_score,
-                merged_score: crate::queue::merged_score(&c, weights),
-                rank: pos + 1,
-                candidate: row.node as usize,
+        .map(|row| {
+            let node = call.node(row.node);
+            names.push(node.name.clone());
+            ScoredRow {
+                candidate: row.node,
+                eval: match row.eval {
+                    SHARED => own + row.profile,
+                    e => e,
+                },
+                resources: NodeResources::of(node),
             }
         })
         .collect();
-    names.clear();
-    s.names = names;
-    rejected.sort_by(|a, b| a.node.cmp(&b.node));
-    Ranking {
-        namespace: call.pod.namespace.clone(),
-        pod: call.pod.name.clone(),
-        class: call.pod.class.clone(),
-        threshold_seconds: threshold.seconds,
-        entries,
+    let evals = s
+        .evals
+        .iter()
+        .copied()
+        .chain(s.profiles.iter().map(|p| p.eval))
+        .collect();
+    LazyRanking::scored(
+        call.pod.namespace.clone(),
+        call.pod.name.clone(),
+        call.pod.class.clone(),
+        threshold.seconds,
         rejected,
-    }
+        Scored {
+            rows,
+            names,
+            evals,
+            plugins: DefaultPlugins::new(call.pod),
+            weights: call.config.merge_weights.clone(),
+        },
+    )
 }
 
 /// Whether the exploring score reviews a point other than the prediction itself.

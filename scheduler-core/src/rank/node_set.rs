@@ -19,7 +19,8 @@ pub(super) fn node_set<N: Borrow<NodeState>>(
 ) -> Vec<Rejection> {
     s.rows.clear();
     s.profiles.clear();
-    s.recent_profiles = [0; RECENT_SLOTS];
+    s.recent_profiles.clear();
+    s.recent_profiles.resize(RECENT_SLOTS, 0);
     let mut rejected = Vec::new();
     for (i, node) in call.nodes.iter().map(Borrow::borrow).enumerate() {
         if !node_kind_fits(node, call.pod)
@@ -45,8 +46,6 @@ pub(super) fn node_set<N: Borrow<NodeState>>(
             node: i as u32,
             profile: profile as u32,
             eval: SHARED,
-            default_score: 0,
-            name_key: 0,
         });
     }
     rejected
@@ -105,19 +104,23 @@ fn profile_index<N: Borrow<NodeState>>(call: &Call<'_, N>, s: &mut Scratch, i: u
         ^ profile.memory_bytes.rotate_left(17);
     let slot = identity.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - RECENT_BITS);
     let slot = slot as usize;
-    if let Some(p) = s.recent_profiles[slot].checked_sub(1).map(|p| p as usize)
+    if let Some(p) = s.recent_profiles.get(slot).and_then(|p| p.checked_sub(1))
+        && let p = p as usize
         && same_allocations(&call.node(s.profiles[p].first).profile, profile)
     {
         return p;
     }
     let p = profile_index_by_content(call, s, i);
-    s.recent_profiles[slot] = p as u32 + 1;
+    if let Some(r) = s.recent_profiles.get_mut(slot) {
+        *r = p as u32 + 1;
+    }
     p
 }
 
-/// Profiles in [`Scratch::recent_profiles`].
+/// Profiles in [`Scratch::recent_profiles`]: 256, where 32 let a cluster's 20 profiles (five
+/// models in four device counts) collide often enough that many nodes went to the hashed search.
 pub(super) const RECENT_SLOTS: usize = 1 << RECENT_BITS;
-const RECENT_BITS: u32 = 5;
+const RECENT_BITS: u32 = 8;
 
 fn same_allocations(a: &DeviceProfile, b: &DeviceProfile) -> bool {
     a.count == b.count

@@ -10,7 +10,7 @@ use crate::queue::{self, Candidate};
 use crate::review::{good_probability, threshold};
 use crate::score::{decay, explored_log_time, good_rate, to_score};
 use crate::tests::{node, pod, run};
-use crate::types::{NodeHealth, Review};
+use crate::types::{NodeHealth, Prediction, RankEntry, Review};
 use crate::{Name, Scheduler};
 
 /// Steps 1 to 5 for each node on its own, from their definitions: no per-profile sharing, no
@@ -208,6 +208,42 @@ fn trained(config: SchedulerConfig, nodes: &[NodeState]) -> Scheduler {
     s
 }
 
+/// `lazy` reads as `written` does: each ranked node's name and score where the written ranking
+/// has that candidate, each entry in place (read one by one, before the order is asked for),
+/// the order, and the whole ranking.
+fn reads_as(lazy: &LazyRanking, written: &Ranking) {
+    assert_eq!(lazy.len(), written.entries.len());
+    assert_eq!(lazy.rejected(), written.rejected.as_slice());
+    assert_eq!(lazy.class(), written.class.as_deref());
+    assert_eq!(lazy.threshold_seconds(), written.threshold_seconds);
+    for (pos, e) in written.entries.iter().enumerate() {
+        assert_eq!(lazy.entry(pos).as_ref(), Some(e), "entry {pos}");
+    }
+    assert_eq!(lazy.entry(written.entries.len()), None);
+    for i in 0..lazy.len() {
+        let candidate = lazy.candidate(i).expect("a ranked node");
+        let e = written
+            .entries
+            .iter()
+            .find(|e| e.candidate == candidate)
+            .expect("the same candidate ranked");
+        assert_eq!(lazy.node(i), Some(&e.node));
+        assert_eq!(lazy.score(i), Some(e.score));
+        assert_eq!(lazy.node_score(i), Some((&e.node, e.score)));
+        let pos = lazy.recommended().iter().position(|&r| r as usize == i);
+        assert_eq!(pos, Some(e.rank - 1), "{}", e.node);
+    }
+    assert_eq!(lazy.node(lazy.len()), None);
+    assert_eq!(&lazy.to_ranking(), written);
+    assert_eq!(&lazy.clone().into_ranking(), written);
+    let json = |v: Result<String, serde_json::Error>| v.expect("a ranking serialises");
+    assert_eq!(
+        json(serde_json::to_string(lazy)),
+        json(serde_json::to_string(written)),
+        "serialised as the ranking"
+    );
+}
+
 #[test]
 fn steps_compose_to_the_per_node_definition() {
     let nodes = cluster();
@@ -263,6 +299,8 @@ fn steps_compose_to_the_per_node_definition() {
                 for nodes in [&nodes, &shared] {
                     let got = s.rank(p, nodes, now, seed);
                     assert_eq!(got, reference(&s, p, nodes, now, seed), "pod {p:?}");
+                    reads_as(&s.rank_lazily(p, nodes, now, seed), &got);
+                    reads_as(&LazyRanking::from(got.clone()), &got);
                     compared += got.entries.len();
                 }
             }

@@ -1,0 +1,343 @@
+//! [`LazyRanking`]: a ranking whose recommended queue is ordered when first read, and whose
+//! entries are written only when asked for.
+//!
+//! The extender answers `prioritize` with each candidate's kudos score and `filter` with the best
+//! few of the recommended queue; neither reads the thousands of [`RankEntry`]s a [`Ranking`]
+//! holds, yet writing them, ordering them and dropping them, with the default plugins' scores
+//! (divisions and a square root per node), was a third of the instructions of a `prioritize`
+//! over 5,000 nodes. So a call computes steps 1 to 4 while it borrows its node states and keeps
+//! here, owned, only what the queue is made of (per ranked node its name, its evaluation and what
+//! the default plugins read of it): the default scores and the order are computed on first read,
+//! an entry is written when read, and the whole [`Ranking`] (for `/explain`) on demand. All give
+//! exactly what [`crate::Scheduler::rank`] gives, which is this ranking written whole.
+
+use std::sync::OnceLock;
+
+use serde::{Serialize, Serializer};
+
+use super::{Eval, merge, with_scratch};
+use crate::Name;
+use crate::config::MergeWeights;
+use crate::queue::{self, Candidate, DefaultPlugins, NodeResources};
+use crate::review::review;
+use crate::types::{Prediction, RankEntry, Ranking, Rejection};
+
+/// A ranking of one pod over one call's nodes (see the module docs). Ranked nodes are numbered
+/// in the order of the call's nodes, rejected ones left out; [`LazyRanking::recommended`] gives
+/// them in recommended order.
+#[derive(Clone, Debug)]
+pub struct LazyRanking {
+    namespace: String,
+    pod: String,
+    class: Option<String>,
+    threshold_seconds: Option<f64>,
+    /// Sorted by node name.
+    rejected: Vec<Rejection>,
+    body: Body,
+    /// The recommended order, once read.
+    order: OnceLock<Ordered>,
+}
+
+/// Step 5's result, computed on first read.
+#[derive(Clone, Debug, Default)]
+struct Ordered {
+    /// Ranked nodes in recommended order, best first.
+    order: Vec<u32>,
+    /// Each ranked node's default plugins' score, 0..=200 (empty for a written ranking).
+    default_scores: Vec<u8>,
+}
+
+#[derive(Clone, Debug)]
+enum Body {
+    /// Scored, not written.
+    Scored(Scored),
+    /// Written whole: the entries, in recommended order.
+    Written(Vec<RankEntry>),
+}
+
+/// What the recommended queue is made of, per ranked node in the order of the call's nodes.
+#[derive(Clone, Debug)]
+pub(super) struct Scored {
+    pub(super) rows: Vec<ScoredRow>,
+    /// Each row's node name.
+    pub(super) names: Vec<Name>,
+    /// The evaluations the rows point at: the nodes' own, then one per device profile.
+    pub(super) evals: Vec<Eval>,
+    /// The pod's requests, as the default plugins read them.
+    pub(super) plugins: DefaultPlugins,
+    pub(super) weights: MergeWeights,
+}
+
+/// One ranked node.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ScoredRow {
+    /// Its index among the call's nodes.
+    pub(super) candidate: u32,
+    /// Its evaluation, an index into [`Scored::evals`].
+    pub(super) eval: u32,
+    /// What the default plugins (step 5's second queue) read of the node: kept rather than
+    /// scored, since a caller that reads only the kudos scores never needs the second queue,
+    /// whose divisions and square root were a tenth of a call's instructions.
+    pub(super) resources: NodeResources,
+}
+
+impl Scored {
+    pub(super) fn eval(&self, row: &ScoredRow) -> &Eval {
+        &self.evals[row.eval as usize]
+    }
+
+    /// Each row's default plugins' score, 0..=200.
+    pub(super) fn default_scores(&self) -> Vec<u8> {
+        self.rows
+            .iter()
+            .map(|r| self.plugins.score(&r.resources))
+            .collect()
+    }
+
+    /// The queue inputs of row `r` with its default score, as [`crate::queue`] takes them.
+    pub(super) fn candidate<'a>(
+        &'a self,
+        r: usize,
+        name: &'a str,
+        default_score: u8,
+    ) -> Candidate<'a> {
+        let e = self.eval(&self.rows[r]);
+        Candidate {
+            name,
+            score: e.score,
+            rate: e.rate,
+            log_time: e.log_time,
+            default_score: f64::from(default_score),
+        }
+    }
+}
+
+impl LazyRanking {
+    pub(super) fn scored(
+        namespace: String,
+        pod: String,
+        class: Option<String>,
+        threshold_seconds: Option<f64>,
+        mut rejected: Vec<Rejection>,
+        scored: Scored,
+    ) -> Self {
+        rejected.sort_by(|a, b| a.node.cmp(&b.node));
+        Self {
+            namespace,
+            pod,
+            class,
+            threshold_seconds,
+            rejected,
+            body: Body::Scored(scored),
+            order: OnceLock::new(),
+        }
+    }
+
+    /// Pod namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// Pod name.
+    pub fn pod(&self) -> &str {
+        &self.pod
+    }
+
+    /// Pod class.
+    pub fn class(&self) -> Option<&str> {
+        self.class.as_deref()
+    }
+
+    /// The review threshold used, seconds (`None` without a class or without candidates).
+    pub fn threshold_seconds(&self) -> Option<f64> {
+        self.threshold_seconds
+    }
+
+    /// Nodes that cannot run the pod, by name.
+    pub fn rejected(&self) -> &[Rejection] {
+        &self.rejected
+    }
+
+    /// How many nodes are ranked.
+    pub fn len(&self) -> usize {
+        match &self.body {
+            Body::Scored(s) => s.rows.len(),
+            Body::Written(entries) => entries.len(),
+        }
+    }
+
+    /// Whether no node is ranked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Ranked node `i`'s name.
+    pub fn node(&self, i: usize) -> Option<&Name> {
+        match &self.body {
+            Body::Scored(s) => s.names.get(i),
+            Body::Written(entries) => entries.get(i).map(|e| &e.node),
+        }
+    }
+
+    /// Ranked node `i`'s kudos score, 0..=10 (what the extender answers).
+    pub fn score(&self, i: usize) -> Option<u8> {
+        match &self.body {
+            Body::Scored(s) => s.rows.get(i).map(|r| s.eval(r).score),
+            Body::Written(entries) => entries.get(i).map(|e| e.score),
+        }
+    }
+
+    /// Ranked node `i`'s name and kudos score, in one look (what a caller joining answers to
+    /// names reads per node).
+    pub fn node_score(&self, i: usize) -> Option<(&Name, u8)> {
+        match &self.body {
+            Body::Scored(s) => Some((s.names.get(i)?, s.eval(s.rows.get(i)?).score)),
+            Body::Written(entries) => entries.get(i).map(|e| (&e.node, e.score)),
+        }
+    }
+
+    /// Ranked node `i`'s index among the nodes of the call.
+    pub fn candidate(&self, i: usize) -> Option<usize> {
+        match &self.body {
+            Body::Scored(s) => s.rows.get(i).map(|r| r.candidate as usize),
+            Body::Written(entries) => entries.get(i).map(|e| e.candidate),
+        }
+    }
+
+    /// The ranked nodes in recommended order, best first (sorted on the first call).
+    pub fn recommended(&self) -> &[u32] {
+        &self.ordered().order
+    }
+
+    fn ordered(&self) -> &Ordered {
+        self.order.get_or_init(|| match &self.body {
+            Body::Scored(s) => {
+                let default_scores = s.default_scores();
+                Ordered {
+                    order: with_scratch(|scratch| merge::order(s, &default_scores, scratch)),
+                    default_scores,
+                }
+            }
+            Body::Written(entries) => Ordered {
+                order: (0..entries.len() as u32).collect(),
+                default_scores: Vec::new(),
+            },
+        })
+    }
+
+    /// The entry at 0-based position `pos` of the recommended queue.
+    pub fn entry(&self, pos: usize) -> Option<RankEntry> {
+        let i = *self.recommended().get(pos)? as usize;
+        match &self.body {
+            Body::Scored(s) => {
+                Some(self.write_entry(s, i, pos, s.names[i].clone(), self.ordered()))
+            }
+            Body::Written(entries) => entries.get(i).cloned(),
+        }
+    }
+
+    /// Ranked node `i` at 0-based position `pos` of the recommended queue, as an entry.
+    fn write_entry(&self, s: &Scored, i: usize, pos: usize, node: Name, o: &Ordered) -> RankEntry {
+        let row = &s.rows[i];
+        let e = s.eval(row);
+        // The merged score does not read the name.
+        let c = s.candidate(i, "", o.default_scores.get(i).copied().unwrap_or(0));
+        let prediction = e.pred.map(|p| Prediction {
+            seconds: e.seconds,
+            uncertainty_log_sd: p.sd,
+            source: p.source,
+        });
+        let review = match (&prediction, self.threshold_seconds) {
+            (Some(p), Some(t)) => Some(review(p.seconds, t)),
+            _ => None,
+        };
+        RankEntry {
+            node,
+            prediction,
+            review,
+            good_rate: e.good_rate,
+            score: e.score,
+            default_score: c.default_score,
+            merged_score: queue::merged_score(&c, &s.weights),
+            rank: pos + 1,
+            candidate: row.candidate as usize,
+        }
+    }
+
+    /// The whole ranking, written (for `/explain`; the ranking itself keeps no copy).
+    pub fn to_ranking(&self) -> Ranking {
+        let entries = match &self.body {
+            Body::Scored(s) => {
+                let o = self.ordered();
+                o.order
+                    .iter()
+                    .enumerate()
+                    .map(|(pos, &i)| {
+                        let name = s.names[i as usize].clone();
+                        self.write_entry(s, i as usize, pos, name, o)
+                    })
+                    .collect()
+            }
+            Body::Written(entries) => entries.clone(),
+        };
+        self.head(entries, self.rejected.clone())
+    }
+
+    /// The whole ranking, written, moving the names rather than sharing them.
+    pub fn into_ranking(mut self) -> Ranking {
+        self.ordered();
+        let o = self.order.take().unwrap_or_default();
+        let rejected = std::mem::take(&mut self.rejected);
+        let entries = match std::mem::replace(&mut self.body, Body::Written(Vec::new())) {
+            Body::Scored(mut s) => {
+                // `Option<Name>` is the size of `Name`, so this reuses the names' allocation.
+                let mut names: Vec<Option<Name>> =
+                    std::mem::take(&mut s.names).into_iter().map(Some).collect();
+                o.order
+                    .iter()
+                    .enumerate()
+                    .map(|(pos, &i)| {
+                        let i = i as usize;
+                        let node = names[i].take().unwrap_or_else(|| Name::from(""));
+                        self.write_entry(&s, i, pos, node, &o)
+                    })
+                    .collect()
+            }
+            Body::Written(entries) => entries,
+        };
+        self.head(entries, rejected)
+    }
+
+    fn head(&self, entries: Vec<RankEntry>, rejected: Vec<Rejection>) -> Ranking {
+        Ranking {
+            namespace: self.namespace.clone(),
+            pod: self.pod.clone(),
+            class: self.class.clone(),
+            threshold_seconds: self.threshold_seconds,
+            entries,
+            rejected,
+        }
+    }
+}
+
+impl From<Ranking> for LazyRanking {
+    /// A ranking already written, in its order.
+    fn from(r: Ranking) -> Self {
+        Self {
+            namespace: r.namespace,
+            pod: r.pod,
+            class: r.class,
+            threshold_seconds: r.threshold_seconds,
+            rejected: r.rejected,
+            body: Body::Written(r.entries),
+            order: OnceLock::new(),
+        }
+    }
+}
+
+impl Serialize for LazyRanking {
+    /// As the [`Ranking`] it writes.
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.to_ranking().serialize(serializer)
+    }
+}
