@@ -442,7 +442,7 @@ impl Extender {
             && top < ranking.len()
         {
             let mut in_top = vec![false; ranking.len()];
-            for &i in ranking.recommended().iter().take(top) {
+            for &i in ranking.best(top) {
                 in_top[i as usize] = true;
             }
             for a in &mut answered {

@@ -34,14 +34,20 @@ pub struct LazyRanking {
     /// Sorted by node name.
     rejected: Vec<Rejection>,
     body: Body,
-    /// The recommended order, once read.
+    /// The recommended order, once read whole.
     order: OnceLock<Ordered>,
+    /// The best of the recommended order, once read before the whole was (a filter's best).
+    best: OnceLock<Ordered>,
 }
+
+/// The fewest ranked nodes a read of the best orders: an event's note reads the first two
+/// entries, one after the other.
+const BEST_AT_LEAST: usize = 16;
 
 /// Step 5's result, computed on first read.
 #[derive(Clone, Debug, Default)]
 struct Ordered {
-    /// Ranked nodes in recommended order, best first.
+    /// Ranked nodes in recommended order, best first: all of them, or the best.
     order: Vec<u32>,
     /// Each ranked node's default plugins' score, 0..=200 (empty for a written ranking).
     default_scores: Vec<u8>,
@@ -130,6 +136,7 @@ impl LazyRanking {
             rejected,
             body: Body::Scored(scored),
             order: OnceLock::new(),
+            best: OnceLock::new(),
         }
     }
 
@@ -209,12 +216,45 @@ impl LazyRanking {
         &self.ordered().order
     }
 
+    /// The first `k` of [`LazyRanking::recommended`] (all, if fewer), ordering only those when
+    /// the whole order was not read yet: the best 100 of 5,000 cost a selection and a sort of
+    /// 100, where the whole order sorts 5,000.
+    pub fn best(&self, k: usize) -> &[u32] {
+        let o = &self.best_ordered(k).order;
+        &o[..k.min(o.len())]
+    }
+
+    /// An order holding at least the best `k`: the whole one if read, else the best alone.
+    fn best_ordered(&self, k: usize) -> &Ordered {
+        let k = k.min(self.len());
+        let Body::Scored(s) = &self.body else {
+            return self.ordered();
+        };
+        if let Some(whole) = self.order.get() {
+            return whole;
+        }
+        let best = self.best.get_or_init(|| {
+            let default_scores = s.default_scores();
+            let want = k.max(BEST_AT_LEAST);
+            Ordered {
+                order: with_scratch(|scratch| merge::order(s, &default_scores, scratch, want)),
+                default_scores,
+            }
+        });
+        if best.order.len() >= k {
+            best
+        } else {
+            self.ordered()
+        }
+    }
+
     fn ordered(&self) -> &Ordered {
         self.order.get_or_init(|| match &self.body {
             Body::Scored(s) => {
                 let default_scores = s.default_scores();
+                let all = s.rows.len();
                 Ordered {
-                    order: with_scratch(|scratch| merge::order(s, &default_scores, scratch)),
+                    order: with_scratch(|scratch| merge::order(s, &default_scores, scratch, all)),
                     default_scores,
                 }
             }
@@ -227,11 +267,10 @@ impl LazyRanking {
 
     /// The entry at 0-based position `pos` of the recommended queue.
     pub fn entry(&self, pos: usize) -> Option<RankEntry> {
-        let i = *self.recommended().get(pos)? as usize;
+        let o = self.best_ordered(pos.saturating_add(1));
+        let i = *o.order.get(pos)? as usize;
         match &self.body {
-            Body::Scored(s) => {
-                Some(self.write_entry(s, i, pos, s.names[i].clone(), self.ordered()))
-            }
+            Body::Scored(s) => Some(self.write_entry(s, i, pos, s.names[i].clone(), o)),
             Body::Written(entries) => entries.get(i).cloned(),
         }
     }
@@ -331,6 +370,7 @@ impl From<Ranking> for LazyRanking {
             rejected: r.rejected,
             body: Body::Written(r.entries),
             order: OnceLock::new(),
+            best: OnceLock::new(),
         }
     }
 }

@@ -68,10 +68,17 @@ impl PairRanks {
     }
 }
 
-/// §2.2 step 5's recommended queue over a scored call: its ranked nodes (indices into
-/// [`Scored::rows`]) in recommended order. The default plugins' scores (the second queue) were
-/// computed with the scores, while the call could read its node states.
-pub(super) fn order(scored: &Scored, default_scores: &[u8], s: &mut Scratch) -> Vec<u32> {
+/// §2.2 step 5's recommended queue over a scored call: the `best` first of its ranked nodes
+/// (indices into [`Scored::rows`]) in recommended order, all of them when `best` is at least
+/// their number. `default_scores` are the second queue's, by row. Only the best are sorted: a
+/// filter passing its best 100 of 5,000 selects them first (sorting all 5,000 keys was most of
+/// the order's cost).
+pub(super) fn order(
+    scored: &Scored,
+    default_scores: &[u8],
+    s: &mut Scratch,
+    best: usize,
+) -> Vec<u32> {
     let names = &scored.names;
     let lcp = names.first().map_or(0, |first| {
         let first = first.as_bytes();
@@ -87,12 +94,12 @@ pub(super) fn order(scored: &Scored, default_scores: &[u8], s: &mut Scratch) -> 
     if w.kudos > 0.0 {
         let bits = rank_first_queue(scored, s);
         let queue_ranks = std::mem::take(&mut s.queue_ranks);
-        sort_keys(scored, default_scores, s, bits, |row, _| {
+        sort_keys(scored, default_scores, s, best, bits, |row, _| {
             u64::from(queue_ranks[row.eval as usize])
         });
         s.queue_ranks = queue_ranks;
     } else {
-        sort_keys(scored, default_scores, s, 8, |_, default_score| {
+        sort_keys(scored, default_scores, s, best, 8, |_, default_score| {
             (MAX_DEFAULT - usize::from(default_score)) as u64
         });
     }
@@ -105,10 +112,13 @@ pub(super) fn order(scored: &Scored, default_scores: &[u8], s: &mut Scratch) -> 
             });
         }
     }
-    let order: Vec<u32> = s.order.iter().map(|o| o.1).collect();
+    let order: Vec<u32> = s.order.iter().take(best).map(|o| o.1).collect();
     debug_assert_eq!(
         order,
-        generic_order(scored, default_scores, &s.name_keys),
+        generic_order(scored, default_scores, &s.name_keys)
+            .into_iter()
+            .take(best)
+            .collect::<Vec<_>>(),
         "the packed sort must give the generic merge's order"
     );
     order
@@ -166,7 +176,9 @@ fn rank_first_queue(scored: &Scored, s: &mut Scratch) -> u32 {
 
 /// The merge's sort: per row a `u64` of its pair's rank (12 bits), the tie queue's position
 /// without the name (`tie_bits`, from `tie`) and the name key's leading bits, in
-/// [`Scratch::order`], sorted; rows with equal keys are ordered by full name.
+/// [`Scratch::order`], sorted; rows with equal keys are ordered by full name. With `best`
+/// below the rows, the order holds the best `best` keys and any others equal to the last of
+/// them (ordered by name afterwards, they may take its place), sorted.
 ///
 /// The sort itself moves plain `u64`s: the row index takes the key's lowest bits (the name key
 /// gives them up, and the full-name fix-up orders rows those bits would have told apart).
@@ -174,6 +186,7 @@ fn sort_keys(
     scored: &Scored,
     default_scores: &[u8],
     s: &mut Scratch,
+    best: usize,
     tie_bits: u32,
     tie: impl Fn(&ScoredRow, u8) -> u64,
 ) {
@@ -204,10 +217,32 @@ fn sort_keys(
             .map(key)
             .map(|(k, i)| (k & !row_mask) | u64::from(i)),
     );
-    s.packed.sort_unstable();
+    sort_best(&mut s.packed, best, !row_mask);
     s.order.extend(
         s.packed
             .iter()
             .map(|&k| (k & !row_mask, (k & row_mask) as u32)),
     );
+}
+
+/// Sorts the `best` smallest of `keys` (compared whole), first selecting them when they are
+/// fewer than the keys; keys equal to the last of them under `mask` are kept and sorted too.
+fn sort_best(keys: &mut Vec<u64>, best: usize, mask: u64) {
+    if best < keys.len() {
+        let Some(last) = best.checked_sub(1) else {
+            keys.clear();
+            return;
+        };
+        keys.select_nth_unstable(last);
+        let boundary = keys[last] & mask;
+        let mut kept = best;
+        for i in best..keys.len() {
+            if keys[i] & mask == boundary {
+                keys.swap(kept, i);
+                kept += 1;
+            }
+        }
+        keys.truncate(kept);
+    }
+    keys.sort_unstable();
 }

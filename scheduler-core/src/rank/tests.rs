@@ -212,6 +212,29 @@ fn trained(config: SchedulerConfig, nodes: &[NodeState]) -> Scheduler {
 /// has that candidate, each entry in place (read one by one, before the order is asked for),
 /// the order, and the whole ranking.
 fn reads_as(lazy: &LazyRanking, written: &Ranking) {
+    // The best k, each read first on a fresh copy (selected and sorted alone), and again at
+    // the end, once the whole order is known.
+    let by_rank: Vec<usize> = written.entries.iter().map(|e| e.candidate).collect();
+    let ks = [0, 1, 2, 5, 17, by_rank.len(), by_rank.len() + 3];
+    let best_of = |r: &LazyRanking, k: usize| -> Vec<usize> {
+        r.best(k)
+            .iter()
+            .map(|&i| r.candidate(i as usize).expect("a ranked node"))
+            .collect()
+    };
+    for k in ks {
+        let fresh = lazy.clone();
+        assert_eq!(
+            best_of(&fresh, k),
+            by_rank[..k.min(by_rank.len())],
+            "best {k}"
+        );
+        assert_eq!(
+            fresh.entry(0),
+            written.entries.first().cloned(),
+            "entry 0 after best {k}"
+        );
+    }
     assert_eq!(lazy.len(), written.entries.len());
     assert_eq!(lazy.rejected(), written.rejected.as_slice());
     assert_eq!(lazy.class(), written.class.as_deref());
@@ -234,6 +257,13 @@ fn reads_as(lazy: &LazyRanking, written: &Ranking) {
         assert_eq!(pos, Some(e.rank - 1), "{}", e.node);
     }
     assert_eq!(lazy.node(lazy.len()), None);
+    for k in ks {
+        assert_eq!(
+            best_of(lazy, k),
+            by_rank[..k.min(by_rank.len())],
+            "best {k}, order read"
+        );
+    }
     assert_eq!(&lazy.to_ranking(), written);
     assert_eq!(&lazy.clone().into_ranking(), written);
     let json = |v: Result<String, serde_json::Error>| v.expect("a ranking serialises");
