@@ -119,7 +119,7 @@ impl Scheduler {
         now: Timestamp,
         seed: u64,
     ) -> Ranking {
-        rank::rank(&self.config, &self.state, pod, nodes, now, seed)
+        rank::rank_lazily(&self.config, &self.state, pod, nodes, now, seed).into_ranking()
     }
 
     /// [`Scheduler::rank`] with the recommended queue ordered when first read and its entries

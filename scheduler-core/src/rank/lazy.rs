@@ -100,6 +100,15 @@ impl Scored {
             .collect()
     }
 
+    /// The best `want` rows in recommended order (all, if fewer), with every row's default score.
+    fn ordered(&self, want: usize) -> Ordered {
+        let default_scores = self.default_scores();
+        Ordered {
+            order: with_scratch(|scratch| merge::order(self, &default_scores, scratch, want)),
+            default_scores,
+        }
+    }
+
     /// The queue inputs of row `r` with its default score, as [`crate::queue`] takes them.
     pub(super) fn candidate<'a>(
         &'a self,
@@ -188,10 +197,7 @@ impl LazyRanking {
 
     /// Ranked node `i`'s kudos score, 0..=10 (what the extender answers).
     pub fn score(&self, i: usize) -> Option<u8> {
-        match &self.body {
-            Body::Scored(s) => s.rows.get(i).map(|r| s.eval(r).score),
-            Body::Written(entries) => entries.get(i).map(|e| e.score),
-        }
+        self.node_score(i).map(|(_, score)| score)
     }
 
     /// Ranked node `i`'s name and kudos score, in one look (what a caller joining answers to
@@ -233,14 +239,7 @@ impl LazyRanking {
         if let Some(whole) = self.order.get() {
             return whole;
         }
-        let best = self.best.get_or_init(|| {
-            let default_scores = s.default_scores();
-            let want = k.max(BEST_AT_LEAST);
-            Ordered {
-                order: with_scratch(|scratch| merge::order(s, &default_scores, scratch, want)),
-                default_scores,
-            }
-        });
+        let best = self.best.get_or_init(|| s.ordered(k.max(BEST_AT_LEAST)));
         if best.order.len() >= k {
             best
         } else {
@@ -250,14 +249,7 @@ impl LazyRanking {
 
     fn ordered(&self) -> &Ordered {
         self.order.get_or_init(|| match &self.body {
-            Body::Scored(s) => {
-                let default_scores = s.default_scores();
-                let all = s.rows.len();
-                Ordered {
-                    order: with_scratch(|scratch| merge::order(s, &default_scores, scratch, all)),
-                    default_scores,
-                }
-            }
+            Body::Scored(s) => s.ordered(s.rows.len()),
             Body::Written(entries) => Ordered {
                 order: (0..entries.len() as u32).collect(),
                 default_scores: Vec::new(),

@@ -1,6 +1,7 @@
 //! The scheduling flow of design §2.2, steps 1 to 5: [`rank_lazily`] runs steps 1 to 4 as one
 //! named function each, in order, and keeps what step 5 needs in a [`LazyRanking`], which
-//! merges the queues when its order is first read; [`rank`] writes that ranking whole.
+//! merges the queues when its order is first read; [`crate::Scheduler::rank`] writes that
+//! ranking whole.
 //!
 //! | §2.2 step | Function | What it leaves for the next step |
 //! | --- | --- | --- |
@@ -10,7 +11,7 @@
 //! | 4 | [`evaluate::score`] | good-review rate and 0..=10 score per evaluation |
 //! | 5 | [`scored`], then [`merge::order`] when read | what the default plugins read per row; their scores and the recommended order |
 //!
-//! [`LazyRanking`] writes entries of the [`Ranking`] from the scored rows; `table.rs` explains one.
+//! [`LazyRanking`] writes entries of the [`crate::Ranking`] from the scored rows; `table.rs` explains one.
 //!
 //! This is the extender's hot path: kube-scheduler calls it serially for every pod, over up to
 //! thousands of nodes, so its shape follows from cost:
@@ -39,7 +40,7 @@ use std::cell::Cell;
 use crate::config::{ClassConfig, Exploration, SchedulerConfig};
 use crate::predict::{ClassLookup, ClassState, LogPrediction, ModelState, work_scale};
 use crate::queue::{DefaultPlugins, NodeResources};
-use crate::types::{NodeState, PodSpec, Ranking, Rejection, RejectionKind};
+use crate::types::{NodeState, PodSpec, Rejection, RejectionKind};
 
 use evaluate::Threshold;
 pub use lazy::LazyRanking;
@@ -207,21 +208,8 @@ fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
     out
 }
 
-/// Ranks `nodes` for `pod` (see [`crate::Scheduler::rank`]): the steps in order, the ranking
-/// written whole.
-pub fn rank<N: Borrow<NodeState>>(
-    config: &SchedulerConfig,
-    state: &ModelState,
-    pod: &PodSpec,
-    nodes: &[N],
-    now: f64,
-    seed: u64,
-) -> Ranking {
-    rank_lazily(config, state, pod, nodes, now, seed).into_ranking()
-}
-
-/// Ranks `nodes` for `pod` (see [`crate::Scheduler::rank_lazily`]): steps 1 to 4 and the second
-/// queue's scores; the merge waits until the order is read.
+/// Ranks `nodes` for `pod` (see [`crate::Scheduler::rank_lazily`]): steps 1 to 4, and what the
+/// second queue reads of each node; its scores and the merge wait until the order is read.
 pub fn rank_lazily<N: Borrow<NodeState>>(
     config: &SchedulerConfig,
     state: &ModelState,

@@ -10,7 +10,7 @@ use crate::queue::{self, Candidate};
 use crate::review::{good_probability, threshold};
 use crate::score::{decay, explored_log_time, good_rate, to_score};
 use crate::tests::{node, pod, run};
-use crate::types::{NodeHealth, Prediction, RankEntry, Review};
+use crate::types::{NodeHealth, Prediction, RankEntry, Ranking, Review};
 use crate::{Name, Scheduler};
 
 /// Steps 1 to 5 for each node on its own, from their definitions: no per-profile sharing, no
