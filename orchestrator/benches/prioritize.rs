@@ -254,7 +254,7 @@ fn main() {
         let mut handler_lat = Vec::new();
         for i in 0..220 {
             let t = Instant::now();
-            let args: ExtenderArgs = serde_json::from_slice(nth(&payloads, i)).unwrap();
+            let args = ExtenderArgs::from_json(nth(&payloads, i)).unwrap();
             let parsed = t.elapsed();
             let t = Instant::now();
             std::hint::black_box(extender.prioritize(args).unwrap());

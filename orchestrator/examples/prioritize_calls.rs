@@ -36,7 +36,7 @@ fn arg(i: usize, default: usize) -> usize {
 /// One `/prioritize` call as the route makes it; returns the response's length.
 #[inline(never)]
 fn one_call(extender: &Extender, body: &[u8]) -> usize {
-    let args: ExtenderArgs = match serde_json::from_slice(body) {
+    let args = match ExtenderArgs::from_json(body) {
         Ok(a) => a,
         Err(e) => panic!("fixture request does not parse: {e}"),
     };
@@ -49,7 +49,7 @@ fn one_call(extender: &Extender, body: &[u8]) -> usize {
 /// One `/filter` call as the route makes it; returns the answer.
 #[inline(never)]
 fn filter_call(extender: &Extender, body: &[u8]) -> Vec<u8> {
-    let args: ExtenderArgs = match serde_json::from_slice(body) {
+    let args = match ExtenderArgs::from_json(body) {
         Ok(a) => a,
         Err(e) => panic!("fixture request does not parse: {e}"),
     };

@@ -159,6 +159,11 @@ fn parse<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, AppError> {
     serde_json::from_slice(body).map_err(|e| AppError::BadRequest(format!("invalid JSON: {e}")))
 }
 
+/// A filter or prioritize request (see [`ExtenderArgs::from_json`]).
+fn parse_args(body: &[u8]) -> Result<ExtenderArgs<'_>, AppError> {
+    ExtenderArgs::from_json(body).map_err(|e| AppError::BadRequest(format!("invalid JSON: {e}")))
+}
+
 fn json<T: Serialize>(v: &T) -> Result<Response, AppError> {
     let body = serde_json::to_vec(v).map_err(|e| AppError::Internal(e.to_string()))?;
     Ok(json_body(body))
@@ -201,7 +206,7 @@ async fn filter(State(s): St, body: Bytes) -> Result<Response, AppError> {
         observe(&s, "filter", start, false);
         return Err(AppError::NotReady);
     }
-    let args: ExtenderArgs = parse(&body)?;
+    let args = parse_args(&body)?;
     let r = s.extender.filter(args);
     observe(&s, "filter", start, r.error.is_empty());
     Ok(json_body(crate::extender::types::filter_result_json(&r)))
@@ -213,7 +218,7 @@ async fn prioritize(State(s): St, body: Bytes) -> Result<Response, AppError> {
         observe(&s, "prioritize", start, false);
         return Err(AppError::NotReady);
     }
-    let args: ExtenderArgs = parse(&body)?;
+    let args = parse_args(&body)?;
     let r = s.extender.prioritize(args).map_err(AppError::BadRequest);
     observe(&s, "prioritize", start, r.is_ok());
     Ok(json_body(crate::extender::types::host_priorities_json(&r?)))
