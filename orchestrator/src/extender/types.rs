@@ -213,8 +213,8 @@ fn json_str(out: &mut Vec<u8>, s: &str) {
 }
 
 /// Whether serde_json would escape any byte of `s`: exactly the control characters, `"` and
-/// `\`; everything else, non-ASCII included, it writes as it is. Eight bytes at a time (a
-/// vectorised fold over each byte cost about 80 instructions a node name, most in its tail).
+/// `\`; everything else, non-ASCII included, it writes as it is. Eight bytes at a time: on
+/// 10-byte node names a vectorised fold over each byte counted 35 instructions a name, this 18.
 fn needs_escape(s: &[u8]) -> bool {
     super::args_json::first_special(s).is_some()
 }
