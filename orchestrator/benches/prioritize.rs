@@ -35,7 +35,7 @@ mod common;
 mod fixture;
 
 use common::mk_extender;
-use fixture::{body_in_order, body_without_devices, index, node_name, window};
+use fixture::{body_in_order, body_without_devices, index, node_name, prioritize_after, window};
 use kudos_orchestrator::config::DEFAULT_FILTER_TOP_NODES;
 use kudos_orchestrator::extender::Extender;
 use kudos_orchestrator::extender::types::ExtenderArgs;
@@ -79,17 +79,6 @@ fn call_any(conn: &mut BufReader<std::net::TcpStream>, req: &[u8]) -> Vec<u8> {
     let mut buf = vec![0; len];
     conn.read_exact(&mut buf).unwrap();
     buf
-}
-
-/// The prioritize request kube-scheduler sends after filter answered `answer` to the request
-/// `body`: the same pod, the nodes that passed in the answer's order; and how many those are.
-fn prioritize_after(body: &[u8], answer: &[u8]) -> (Vec<u8>, usize) {
-    let request: serde_json::Value = serde_json::from_slice(body).unwrap();
-    let answer: serde_json::Value = serde_json::from_slice(answer).unwrap();
-    let names = &answer["NodeNames"];
-    let count = names.as_array().map_or(0, Vec::len);
-    let next = serde_json::json!({"Pod": request["Pod"], "NodeNames": names});
-    (serde_json::to_vec(&next).unwrap(), count)
 }
 
 /// A prioritize request with `body`.

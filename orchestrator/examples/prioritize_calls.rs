@@ -56,18 +56,6 @@ fn filter_call(extender: &Extender, body: &[u8]) -> Vec<u8> {
     kudos_orchestrator::extender::types::filter_result_json(&extender.filter(args))
 }
 
-/// The `/prioritize` request kube-scheduler sends after `filter` answered `answer` for the pod
-/// of `body`: the nodes that passed, in the order of the answer.
-fn prioritize_after(body: &[u8], answer: &[u8]) -> Vec<u8> {
-    let (request, answer): (serde_json::Value, serde_json::Value) =
-        match (serde_json::from_slice(body), serde_json::from_slice(answer)) {
-            (Ok(r), Ok(a)) => (r, a),
-            _ => panic!("fixture request or filter answer does not parse"),
-        };
-    let next = serde_json::json!({"Pod": request["Pod"], "NodeNames": answer["NodeNames"]});
-    serde_json::to_vec(&next).unwrap_or_default()
-}
-
 fn main() {
     let (nodes, calls) = (arg(1, 5_000), arg(2, 10));
     let index = match std::env::var("KUDOS_BENCH_LABELLED").as_deref() {
@@ -83,7 +71,7 @@ fn main() {
     for b in &bodies {
         bytes = if pairs {
             let answer = filter_call(&extender, b);
-            answer.len() + one_call(&extender, &prioritize_after(b, &answer))
+            answer.len() + one_call(&extender, &fixture::prioritize_after(b, &answer).0)
         } else {
             one_call(&extender, b)
         };

@@ -156,12 +156,16 @@ impl IntoResponse for AppError {
 type St = State<Arc<HttpState>>;
 
 fn parse<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, AppError> {
-    serde_json::from_slice(body).map_err(|e| AppError::BadRequest(format!("invalid JSON: {e}")))
+    serde_json::from_slice(body).map_err(invalid_json)
 }
 
 /// A filter or prioritize request (see [`ExtenderArgs::from_json`]).
 fn parse_args(body: &[u8]) -> Result<ExtenderArgs<'_>, AppError> {
-    ExtenderArgs::from_json(body).map_err(|e| AppError::BadRequest(format!("invalid JSON: {e}")))
+    ExtenderArgs::from_json(body).map_err(invalid_json)
+}
+
+fn invalid_json(e: serde_json::Error) -> AppError {
+    AppError::BadRequest(format!("invalid JSON: {e}"))
 }
 
 fn json<T: Serialize>(v: &T) -> Result<Response, AppError> {
