@@ -119,6 +119,7 @@ async fn feed_history(orch: &Orchestrator, shapes: &[NodeShape]) -> anyhow::Resu
         "P100" => 300.0,
         _ => 400.0,
     };
+    let before = orch.learned_runs().unwrap_or(0);
     let mut seq = 0;
     for s in shapes {
         let reports = (0..6)
@@ -136,6 +137,9 @@ async fn feed_history(orch: &Orchestrator, shapes: &[NodeShape]) -> anyhow::Resu
             .collect();
         report_runs(&orch.grpc_addr, &s.name, reports).await?;
     }
+    // Acknowledged means stored; the pods placed next must see the model that learned them.
+    orch.wait_learned(before + seq as u64, Duration::from_secs(30))
+        .await?;
     Ok(())
 }
 

@@ -258,6 +258,25 @@ impl Orchestrator {
         self.get(&format!("/explain/{namespace}/{pod}"))?.json()
     }
 
+    /// Runs the published model has learned from (`/state`'s `model.runs`), `None` while it
+    /// does not answer.
+    pub fn learned_runs(&self) -> Option<u64> {
+        self.get("/state").ok()?.json().ok()?["model"]["runs"].as_u64()
+    }
+
+    /// Waits until the published model has learned from at least `runs` runs. A report's
+    /// acknowledgement promises the run is stored, not learned: rankings read right after
+    /// an acknowledgement may still come from the model before it.
+    pub async fn wait_learned(&self, runs: u64, timeout: Duration) -> Result<u64> {
+        crate::proc::wait_for(
+            &format!("the model to learn from {runs} runs"),
+            timeout,
+            Duration::from_millis(20),
+            async || self.learned_runs().filter(|&r| r >= runs),
+        )
+        .await
+    }
+
     /// Process id.
     pub fn pid(&self) -> u32 {
         self.proc.pid()
