@@ -119,7 +119,8 @@ impl Scheduler {
         now: Timestamp,
         seed: u64,
     ) -> Ranking {
-        rank::rank_lazily(&self.config, &self.state, pod, nodes, now, seed).into_ranking()
+        rank::rank_lazily(&self.config, &self.state, pod, nodes, now, seed)
+            .into_ranking_named(|candidate| nodes.get(candidate).map(|n| n.borrow().name.clone()))
     }
 
     /// [`Scheduler::rank`] with the recommended queue ordered when first read and its entries

@@ -276,9 +276,8 @@ impl Extender {
             match live {
                 Ok(r) => {
                     // One slot for this member, on a node the ranking accepts.
-                    let rankable: FastSet<&str> = (0..ranking.len())
-                        .filter_map(|i| ranking.node(i).map(|n| n.as_str()))
-                        .collect();
+                    let rankable: FastSet<&str> =
+                        (0..ranking.len()).filter_map(|i| ranking.node(i)).collect();
                     let member = if facts.uid.is_empty() {
                         format!("{}/{}", facts.namespace, facts.name)
                     } else {
@@ -580,7 +579,7 @@ impl Extender {
             return Err(BindRefusal::Stale { pod: pod(), age });
         }
         let r = &e.ranking;
-        if !(0..r.len()).any(|i| r.node(i).is_some_and(|n| n.as_str() == node)) {
+        if !(0..r.len()).any(|i| r.node(i) == Some(node)) {
             return Err(BindRefusal::NodeDidNotPass {
                 pod: pod(),
                 node: node.to_owned(),

@@ -83,13 +83,13 @@ impl LastFilter {
             .zip(&c.passed)
             .map(|(n, &i)| {
                 let (node, score) = ranking.node_score(i as usize)?;
-                (node.as_str() == n.as_ref()).then_some(score)
+                (node == n.as_ref()).then_some(score)
             })
             .collect::<Option<Vec<u8>>>();
         // Another order of the same nodes (not kube-scheduler's, but a caller's): by name.
         let scores = in_order.or_else(|| {
             let by_name: crate::fasthash::FastMap<&str, u8> = (0..ranking.len())
-                .filter_map(|i| ranking.node_score(i).map(|(n, s)| (n.as_str(), s)))
+                .filter_map(|i| ranking.node_score(i))
                 .collect();
             (by_name.len() == names.len())
                 .then(|| {

@@ -80,7 +80,7 @@ pub(super) fn order(
     best: usize,
 ) -> Vec<u32> {
     let names = &scored.names;
-    let lcp = names.first().map_or(0, |first| {
+    let lcp = names.get(0).map_or(0, |first| {
         let first = first.as_bytes();
         names.iter().fold(first.len(), |lcp, name| {
             common_prefix(&first[..lcp], name.as_bytes())
@@ -107,7 +107,7 @@ pub(super) fn order(
     for run in s.order.chunk_by_mut(|a, b| a.0 == b.0) {
         if run.len() > 1 {
             run.sort_unstable_by(|a, b| {
-                let (na, nb) = (&names[a.1 as usize], &names[b.1 as usize]);
+                let (na, nb) = (names.at(a.1 as usize), names.at(b.1 as usize));
                 na.as_bytes().cmp(nb.as_bytes()).then(a.1.cmp(&b.1))
             });
         }
@@ -128,7 +128,7 @@ pub(super) fn order(
 fn generic_order(scored: &Scored, default_scores: &[u8], name_keys: &[u64]) -> Vec<u32> {
     let items: Vec<_> = (0..scored.rows.len())
         .map(|r| {
-            let c = scored.candidate(r, &scored.names[r], default_scores[r]);
+            let c = scored.candidate(r, scored.names.at(r), default_scores[r]);
             (c, name_keys[r])
         })
         .collect();

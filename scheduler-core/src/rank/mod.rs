@@ -44,7 +44,7 @@ use crate::types::{NodeState, PodSpec, Rejection, RejectionKind};
 
 use evaluate::Threshold;
 pub use lazy::LazyRanking;
-use lazy::{Scored, ScoredRow};
+use lazy::{NameText, Scored, ScoredRow};
 
 /// [`Row::eval`] of a node that shares its profile's evaluation.
 const SHARED: u32 = u32::MAX;
@@ -245,13 +245,12 @@ fn scored<N: Borrow<NodeState>>(
     rejected: Vec<Rejection>,
 ) -> LazyRanking {
     let own = s.evals.len() as u32;
-    let mut names = Vec::with_capacity(s.rows.len());
+    let names = NameText::copied(s.rows.iter().map(|row| call.node(row.node).name.as_str()));
     let rows = s
         .rows
         .iter()
         .map(|row| {
             let node = call.node(row.node);
-            names.push(node.name.clone());
             ScoredRow {
                 candidate: row.node,
                 eval: match row.eval {

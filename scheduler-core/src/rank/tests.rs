@@ -250,9 +250,9 @@ fn reads_as(lazy: &LazyRanking, written: &Ranking) {
             .iter()
             .find(|e| e.candidate == candidate)
             .expect("the same candidate ranked");
-        assert_eq!(lazy.node(i), Some(&e.node));
+        assert_eq!(lazy.node(i), Some(e.node.as_str()));
         assert_eq!(lazy.score(i), Some(e.score));
-        assert_eq!(lazy.node_score(i), Some((&e.node, e.score)));
+        assert_eq!(lazy.node_score(i), Some((e.node.as_str(), e.score)));
         let pos = lazy.recommended().iter().position(|&r| r as usize == i);
         assert_eq!(pos, Some(e.rank - 1), "{}", e.node);
     }
@@ -383,4 +383,19 @@ fn a_class_that_keeps_failing_on_a_vendor_is_kept_off_it_unless_the_pod_names_it
     let back: Scheduler =
         serde_json::from_str(&serde_json::to_string(&s).expect("json")).expect("snapshot loads");
     assert_eq!(back.rank(&plain, &nodes, 5_000.0, 1).entries.len(), 1);
+}
+
+#[test]
+fn name_text_gives_back_each_name_in_order() {
+    let names = ["node-a", "", "nœud-β", "node-a", "x"];
+    let t = lazy::NameText::copied(names.iter().copied());
+    assert_eq!(t.iter().collect::<Vec<_>>(), names);
+    for (i, n) in names.iter().enumerate() {
+        assert_eq!(t.get(i), Some(*n));
+        assert_eq!(t.at(i), *n);
+    }
+    assert_eq!(t.get(names.len()), None);
+    let none = lazy::NameText::copied(std::iter::empty());
+    assert_eq!(none.get(0), None);
+    assert_eq!(none.iter().count(), 0);
 }
