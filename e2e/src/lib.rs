@@ -14,6 +14,7 @@ pub mod null_extender;
 pub mod plugin_bench;
 pub mod pods;
 pub mod realnode;
+pub mod spread;
 pub mod telemetry;
 
 pub use cluster::{ControlPlane, ControlPlaneOptions, ExtenderOptions};

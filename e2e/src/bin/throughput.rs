@@ -30,6 +30,7 @@ kudos-e2e-throughput: pods/s through the real kube-scheduler, with and without a
 
 USAGE: kudos-e2e-throughput [--pods N] [--nodes N] [--non-gpu F] [--qps Q] [--pin A:B]
                             [--affinity-terms N] [--top-nodes N] [--modes M,M,...]
+                            [--repeat N]
 
   --pods N       pending pods per mode (default 1000)
   --nodes N      Node objects (default: the 1,213 Alibaba 2023 GPU-node shapes; fewer takes the
@@ -47,6 +48,10 @@ USAGE: kudos-e2e-throughput [--pods N] [--nodes N] [--non-gpu F] [--qps Q] [--pi
                  schedulers start. On a small machine this gives the cluster's scheduler CPU of
                  its own, as a control plane has where Kudos runs on other nodes; without it
                  every mode shares all CPUs and throughput follows total CPU per pod
+  --repeat N     run the modes N times, in order, one round after another (default 1): the
+                 modes of a round run minutes apart on the same machine, and each round's
+                 ratios are printed, then every ratio's values, mean, least and greatest
+                 (one run moves by about a tenth on a shared 2-core machine)
   --modes M,...  any of (default baseline,null-extender,kudos):
                    baseline          no extender
                    null-extender     a do-nothing extender with the verbs the kudos mode uses
@@ -102,6 +107,8 @@ struct Opts {
     top_nodes: usize,
     /// `(cluster scheduler's CPUs, everything else's)`, taskset lists.
     pin: Option<(String, String)>,
+    /// Rounds of all the modes.
+    repeat: usize,
 }
 
 fn parse() -> Result<Opts> {
@@ -114,6 +121,7 @@ fn parse() -> Result<Opts> {
         affinity_terms: 0,
         top_nodes: 16,
         pin: None,
+        repeat: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -127,6 +135,12 @@ fn parse() -> Result<Opts> {
                 o.affinity_terms = v()?.parse().context("--affinity-terms")?;
             }
             "--top-nodes" => o.top_nodes = v()?.parse().context("--top-nodes")?,
+            "--repeat" => {
+                o.repeat = v()?.parse().context("--repeat")?;
+                if o.repeat == 0 {
+                    bail!("--repeat wants at least 1 round");
+                }
+            }
             "--pin" => {
                 let spec = v()?;
                 let Some((a, b)) = spec.split_once(':') else {
@@ -753,10 +767,73 @@ async fn main() -> Result<()> {
         "# kudos-e2e-throughput {}",
         std::env::args().skip(1).collect::<Vec<_>>().join(" ")
     );
-    let mut out = Vec::new();
-    for m in &o.modes {
-        out.push(run_mode(m, &o).await?);
+    let mut rounds = Vec::new();
+    for round in 1..=o.repeat {
+        let mut out = Vec::new();
+        for m in &o.modes {
+            out.push(run_mode(m, &o).await?);
+        }
+        if o.repeat > 1 {
+            println!("## round {round} of {}", o.repeat);
+        }
+        print_round(&out);
+        rounds.push(out);
     }
+    let results = |out: &[Outcome]| -> Vec<serde_json::Value> {
+        out.iter().map(|r| json!({"mode": r.mode, "nodes": r.nodes,
+            "all": r.all.json(), "gpu": r.gpu.json(), "non_gpu": r.non_gpu.json(),
+            "since_scheduler_start_s": r.since_start.as_secs_f64(),
+            "cpu_seconds": r.cpu.iter().map(|(n, c)| json!({"process": n, "seconds": c})).collect::<Vec<_>>(),
+            "extender_mean_ms": r.extender_ms.iter().map(|t| json!({"verb": t.verb, "mean_ms": t.mean_ms, "calls": t.calls, "p99_at_most_ms": t.p99_at_most_ms})).collect::<Vec<_>>(),
+            "extender_connections": r.extender_connections,
+            "api_requests": r.api_requests.iter().map(|(k, n)| json!({"request": k, "count": n})).collect::<Vec<_>>()})).collect()
+    };
+    let ratio_map = |out: &[Outcome]| ratios(out).into_iter().collect::<serde_json::Map<_, _>>();
+    let json = match rounds.as_slice() {
+        [out] => json!({
+            "command": std::env::args().collect::<Vec<_>>(),
+            "results": results(out),
+            "ratios": ratio_map(out),
+        }),
+        _ => {
+            let per_round: Vec<Vec<(String, f64)>> = rounds
+                .iter()
+                .map(|out| {
+                    ratios(out)
+                        .into_iter()
+                        .filter_map(|(n, v)| Some((n, v.as_f64()?)))
+                        .collect()
+                })
+                .collect();
+            let spreads = kudos_e2e::spread::spreads(&per_round);
+            println!(
+                "ratios over {} rounds (each round's, in order):",
+                rounds.len()
+            );
+            for s in &spreads {
+                let values: Vec<String> = s.values.iter().map(|v| format!("{v:.3}")).collect();
+                println!(
+                    "spread {}: {}; mean {:.3}, least {:.3}, greatest {:.3}",
+                    s.name,
+                    values.join(", "),
+                    s.mean,
+                    s.min,
+                    s.max
+                );
+            }
+            json!({
+                "command": std::env::args().collect::<Vec<_>>(),
+                "rounds": rounds.iter().map(|out| json!({"results": results(out), "ratios": ratio_map(out)})).collect::<Vec<_>>(),
+                "spreads": spreads.iter().map(|s| (s.name.clone(), json!({"values": s.values, "mean": s.mean, "min": s.min, "max": s.max}))).collect::<serde_json::Map<_, _>>(),
+            })
+        }
+    };
+    println!("{json}");
+    Ok(())
+}
+
+/// One round's table, per-mode figures and ratios, as they are printed.
+fn print_round(out: &[Outcome]) {
     println!(
         "{:<27} {:>6} {:>6} {:>6} {:>12} {:>12} {:>9} {:>9} {:>9}",
         "mode",
@@ -769,7 +846,7 @@ async fn main() -> Result<()> {
         "GPU/s",
         "non-GPU/s"
     );
-    for r in &out {
+    for r in out {
         println!(
             "{:<27} {:>6} {:>6} {:>6} {:>11.2}s {:>11.2}s {:>9.1} {:>9.1} {:>9.1}",
             r.mode,
@@ -783,7 +860,7 @@ async fn main() -> Result<()> {
             r.non_gpu.rate()
         );
     }
-    for r in &out {
+    for r in out {
         let per_pod: Vec<String> = r
             .cpu
             .iter()
@@ -821,23 +898,9 @@ async fn main() -> Result<()> {
             );
         }
     }
-    let ratios = ratios(&out);
-    for (name, v) in &ratios {
+    for (name, v) in &ratios(out) {
         println!("ratio {name} = {v:.3}");
     }
-    let json = json!({
-        "command": std::env::args().collect::<Vec<_>>(),
-        "results": out.iter().map(|r| json!({"mode": r.mode, "nodes": r.nodes,
-            "all": r.all.json(), "gpu": r.gpu.json(), "non_gpu": r.non_gpu.json(),
-            "since_scheduler_start_s": r.since_start.as_secs_f64(),
-            "cpu_seconds": r.cpu.iter().map(|(n, c)| json!({"process": n, "seconds": c})).collect::<Vec<_>>(),
-            "extender_mean_ms": r.extender_ms.iter().map(|t| json!({"verb": t.verb, "mean_ms": t.mean_ms, "calls": t.calls, "p99_at_most_ms": t.p99_at_most_ms})).collect::<Vec<_>>(),
-            "extender_connections": r.extender_connections,
-            "api_requests": r.api_requests.iter().map(|(k, n)| json!({"request": k, "count": n})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
-        "ratios": ratios.iter().cloned().collect::<serde_json::Map<_, _>>(),
-    });
-    println!("{json}");
-    Ok(())
 }
 
 /// The ratios the issue sets goals for, each of pods/s of one kind of pod in one run:
