@@ -21,28 +21,23 @@ pub struct Spread {
 /// Each name's spread over `rounds` (each round a list of `(name, value)`), in the order the
 /// names first appear; non-finite values are left out, and a name with none is too.
 pub fn spreads(rounds: &[Vec<(String, f64)>]) -> Vec<Spread> {
-    let mut out: Vec<Spread> = Vec::new();
-    for (name, v) in rounds.iter().flatten() {
-        if !v.is_finite() {
-            continue;
-        }
-        match out.iter_mut().find(|s| &s.name == name) {
-            Some(s) => s.values.push(*v),
-            None => out.push(Spread {
-                name: name.clone(),
-                values: vec![*v],
-                mean: 0.0,
-                min: 0.0,
-                max: 0.0,
-            }),
+    let mut by_name: Vec<(&str, Vec<f64>)> = Vec::new();
+    for &(ref name, v) in rounds.iter().flatten().filter(|(_, v)| v.is_finite()) {
+        match by_name.iter_mut().find(|(n, _)| *n == name.as_str()) {
+            Some((_, values)) => values.push(v),
+            None => by_name.push((name, vec![v])),
         }
     }
-    for s in &mut out {
-        s.mean = s.values.iter().sum::<f64>() / s.values.len() as f64;
-        s.min = s.values.iter().copied().fold(f64::INFINITY, f64::min);
-        s.max = s.values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    }
-    out
+    by_name
+        .into_iter()
+        .map(|(name, values)| Spread {
+            name: name.to_owned(),
+            mean: values.iter().sum::<f64>() / values.len() as f64,
+            min: values.iter().copied().fold(f64::INFINITY, f64::min),
+            max: values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            values,
+        })
+        .collect()
 }
 
 #[cfg(test)]

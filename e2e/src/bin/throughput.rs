@@ -767,6 +767,7 @@ async fn main() -> Result<()> {
         "# kudos-e2e-throughput {}",
         std::env::args().skip(1).collect::<Vec<_>>().join(" ")
     );
+    // Each round's outcomes and ratios.
     let mut rounds = Vec::new();
     for round in 1..=o.repeat {
         let mut out = Vec::new();
@@ -776,8 +777,8 @@ async fn main() -> Result<()> {
         if o.repeat > 1 {
             println!("## round {round} of {}", o.repeat);
         }
-        print_round(&out);
-        rounds.push(out);
+        let ratios = print_round(&out);
+        rounds.push((out, ratios));
     }
     let results = |out: &[Outcome]| -> Vec<serde_json::Value> {
         out.iter().map(|r| json!({"mode": r.mode, "nodes": r.nodes,
@@ -788,20 +789,22 @@ async fn main() -> Result<()> {
             "extender_connections": r.extender_connections,
             "api_requests": r.api_requests.iter().map(|(k, n)| json!({"request": k, "count": n})).collect::<Vec<_>>()})).collect()
     };
-    let ratio_map = |out: &[Outcome]| ratios(out).into_iter().collect::<serde_json::Map<_, _>>();
+    let ratio_map =
+        |r: &[(String, serde_json::Value)]| r.iter().cloned().collect::<serde_json::Map<_, _>>();
+    let command = std::env::args().collect::<Vec<_>>();
     let json = match rounds.as_slice() {
-        [out] => json!({
-            "command": std::env::args().collect::<Vec<_>>(),
+        [(out, ratios)] => json!({
+            "command": command,
             "results": results(out),
-            "ratios": ratio_map(out),
+            "ratios": ratio_map(ratios),
         }),
         _ => {
             let per_round: Vec<Vec<(String, f64)>> = rounds
                 .iter()
-                .map(|out| {
-                    ratios(out)
-                        .into_iter()
-                        .filter_map(|(n, v)| Some((n, v.as_f64()?)))
+                .map(|(_, ratios)| {
+                    ratios
+                        .iter()
+                        .filter_map(|(n, v)| Some((n.clone(), v.as_f64()?)))
                         .collect()
                 })
                 .collect();
@@ -822,8 +825,8 @@ async fn main() -> Result<()> {
                 );
             }
             json!({
-                "command": std::env::args().collect::<Vec<_>>(),
-                "rounds": rounds.iter().map(|out| json!({"results": results(out), "ratios": ratio_map(out)})).collect::<Vec<_>>(),
+                "command": command,
+                "rounds": rounds.iter().map(|(out, ratios)| json!({"results": results(out), "ratios": ratio_map(ratios)})).collect::<Vec<_>>(),
                 "spreads": spreads.iter().map(|s| (s.name.clone(), json!({"values": s.values, "mean": s.mean, "min": s.min, "max": s.max}))).collect::<serde_json::Map<_, _>>(),
             })
         }
@@ -832,8 +835,8 @@ async fn main() -> Result<()> {
     Ok(())
 }
 
-/// One round's table, per-mode figures and ratios, as they are printed.
-fn print_round(out: &[Outcome]) {
+/// Prints one round's table, per-mode figures and ratios; gives the ratios.
+fn print_round(out: &[Outcome]) -> Vec<(String, serde_json::Value)> {
     println!(
         "{:<27} {:>6} {:>6} {:>6} {:>12} {:>12} {:>9} {:>9} {:>9}",
         "mode",
@@ -898,9 +901,11 @@ fn print_round(out: &[Outcome]) {
             );
         }
     }
-    for (name, v) in &ratios(out) {
+    let ratios = ratios(out);
+    for (name, v) in &ratios {
         println!("ratio {name} = {v:.3}");
     }
+    ratios
 }
 
 /// The ratios the issue sets goals for, each of pods/s of one kind of pod in one run:

@@ -28,9 +28,12 @@ const MIN_BUCKETS: usize = 16;
 /// is rewritten.
 const MIN_GARBAGE: usize = 4096;
 
+/// Bytes the processor moves into its caches at once.
+const CACHE_LINE: usize = 64;
+
 /// A call looking up at least one name per this many buckets reads the table in address order
 /// first ([`NameSlots::warm`]): one name per cache line of buckets, on average.
-const WARM_EVERY_BUCKETS: usize = 64 / size_of::<Bucket>();
+const WARM_EVERY_BUCKETS: usize = CACHE_LINE / size_of::<Bucket>();
 
 /// Eight bytes, so that the table for 5,000 names (16,384 buckets) is 128 KiB: a ranking call
 /// probes it once per candidate in no order, and its other buffers compete for the cache.
@@ -210,13 +213,13 @@ impl NameSlots {
     /// (about 200 KiB at 5,000 names), and the probes that follow hit the cache.
     fn warm(&self) {
         let mut read = 0u32;
-        for b in self.buckets.iter().step_by(64 / size_of::<Bucket>()) {
+        for b in self.buckets.iter().step_by(WARM_EVERY_BUCKETS) {
             read ^= b.slot;
         }
-        for s in self.spans.iter().step_by(64 / size_of::<Span>()) {
+        for s in self.spans.iter().step_by(CACHE_LINE / size_of::<Span>()) {
             read ^= s.start;
         }
-        for &t in self.text.iter().step_by(64) {
+        for &t in self.text.iter().step_by(CACHE_LINE) {
             read ^= u32::from(t);
         }
         std::hint::black_box(read);
