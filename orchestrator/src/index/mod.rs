@@ -350,6 +350,16 @@ impl Index {
         crate::dra::decide(self.allocation_policy, self.node(node))
     }
 
+    /// How many of `names` have an entry: the lookup every ranking call starts with, one per
+    /// name, and nothing else (the `prioritize` bench times it as part of what any extender
+    /// that scores nodes one by one must pay).
+    pub fn known_nodes(&self, names: &[&str]) -> usize {
+        let mut known = 0;
+        self.slot_of
+            .get_each(names, |_, _, slot| known += usize::from(slot.is_some()));
+        known
+    }
+
     /// Changes whenever a score input changes (see the field).
     pub fn generation(&self) -> u64 {
         self.generation

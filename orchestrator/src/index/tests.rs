@@ -801,3 +801,15 @@ fn publishing_a_model_hands_back_the_one_it_replaced() {
     let _same = idx.publish_model(idx.model(), 3);
     assert_eq!(idx.applied_seq(), 7, "the applied seq never goes back");
 }
+
+#[test]
+fn known_nodes_counts_each_asked_name_with_an_entry() {
+    let mut idx = mk_index();
+    for n in ["a", "b", "c"] {
+        idx.apply_node(node_info(&mk_node(n, 2, true), GPU));
+    }
+    idx.delete_node("c");
+    // A name asked twice counts twice; unknown and deleted names not at all.
+    assert_eq!(idx.known_nodes(&["a", "zz", "b", "a", "c", ""]), 3);
+    assert_eq!(idx.known_nodes(&[]), 0);
+}
