@@ -13,6 +13,7 @@
 //! names come from the cluster's own Node objects and authenticated reports, as with
 //! [`crate::fasthash`].
 
+use crate::fasthash::tail_word;
 use kudos_scheduler_core::Name;
 
 /// An empty bucket.
@@ -70,42 +71,39 @@ pub(super) struct NameSlots {
 
 /// The tag of a name: its bytes in 8-byte words, each mixed in by multiplication, then a final
 /// avalanche so that every bit of the tag (its low bits pick the bucket) depends on every byte.
+/// A last partial word is read by [`tail_word`] (copying it out was a third of a lookup).
 fn tag(name: &[u8]) -> u32 {
     const K: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut h = (name.len() as u64).wrapping_mul(K);
+    let mut mix = |w: u64| h = (h ^ w).wrapping_mul(K).rotate_left(29);
     let mut words = name.chunks_exact(8);
     for w in &mut words {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(w);
-        h = (h ^ u64::from_le_bytes(b)).wrapping_mul(K).rotate_left(29);
+        mix(word(w));
     }
-    let rest = words.remainder();
-    if !rest.is_empty() {
-        let mut b = [0u8; 8];
-        b[..rest.len()].copy_from_slice(rest);
-        h = (h ^ u64::from_le_bytes(b)).wrapping_mul(K).rotate_left(29);
+    if !words.remainder().is_empty() {
+        mix(tail_word(name));
     }
     h ^= h >> 32;
     h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
     ((h ^ (h >> 29)) >> 32) as u32
 }
 
-/// Byte equality without a call out for the short texts node names are.
+/// 8 bytes as a little-endian word (`b` holds at least 8).
+#[inline]
+fn word(b: &[u8]) -> u64 {
+    b.first_chunk::<8>().map_or(0, |w| u64::from_le_bytes(*w))
+}
+
+/// Byte equality without a call out for the short texts node names are: whole words, then the
+/// rest as one word each ([`tail_word`]; the lengths are equal, so the words are equal exactly
+/// when the bytes are).
 #[inline]
 fn same_text(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let (mut a, mut b) = (a, b);
-    while let (Some((wa, ra)), Some((wb, rb))) =
-        (a.split_first_chunk::<8>(), b.split_first_chunk::<8>())
-    {
-        if wa != wb {
-            return false;
-        }
-        (a, b) = (ra, rb);
-    }
-    a == b
+    a.len() == b.len()
+        && a.chunks_exact(8)
+            .zip(b.chunks_exact(8))
+            .all(|(x, y)| word(x) == word(y))
+        && tail_word(a) == tail_word(b)
 }
 
 /// As the map it is (name → slot), not its buffers.
@@ -368,6 +366,29 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
     use std::collections::hash_map::Entry;
+
+    /// `same_text` is byte equality at every length around the word sizes it reads in,
+    /// whichever byte differs; equal texts get equal tags, and texts one byte apart different
+    /// ones (these fixed texts do not collide in 32 bits).
+    #[test]
+    fn same_text_and_tag_read_every_byte() {
+        for n in 0..=26usize {
+            let a: Vec<u8> = (0..n).map(|i| b'a' + (i % 26) as u8).collect();
+            assert!(same_text(&a, &a.clone()), "len {n}");
+            assert_eq!(tag(&a), tag(&a.clone()));
+            for p in 0..n {
+                let mut b = a.clone();
+                b[p] = b'-';
+                assert!(!same_text(&a, &b), "len {n}, byte {p}");
+                assert_ne!(tag(&a), tag(&b), "len {n}, byte {p}");
+            }
+            let longer = [a.as_slice(), b"x"].concat();
+            assert!(!same_text(&a, &longer), "len {n} against {}", n + 1);
+            // A zero byte added is still another name (the length is in the tag).
+            let zero = [a.as_slice(), b"\0"].concat();
+            assert_ne!(tag(&a), tag(&zero), "len {n} and a zero byte");
+        }
+    }
 
     /// Random inserts and removes against a `HashMap`, with enough names for long runs of
     /// occupied buckets and text rewrites.
