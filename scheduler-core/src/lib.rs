@@ -50,7 +50,7 @@ pub mod vendor_outcomes;
 
 pub use config::{BetaPrior, ClassConfig, ConfigError, Exploration, MergeWeights, SchedulerConfig};
 pub use feedback::{ObserveError, Refit};
-pub use name::Name;
+pub use name::{Name, tail_word};
 pub use place::PlaceError;
 pub use predict::ModelState;
 pub use rank::LazyRanking;

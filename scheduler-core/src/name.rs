@@ -35,6 +35,33 @@ impl Name {
     }
 }
 
+/// The bytes after the last whole 8-byte word of `bytes`, little-endian in a word whose other
+/// bytes are zero: what copying them into a zeroed word gives, read without that copy. The copy
+/// is a call to `memcpy` (its length varies) and a store that the load after it has to wait
+/// for; in the orchestrator's name table it was about 40 % of a lookup. Read instead from
+/// the slice itself: the 8 bytes ending it, shifted, when it has 8; else two overlapping 4-byte
+/// reads, or the bytes one by one under 4.
+#[inline]
+pub fn tail_word(bytes: &[u8]) -> u64 {
+    let r = bytes.len() % 8;
+    let last = |n: usize| &bytes[bytes.len() - n..];
+    let word4 = |b: &[u8]| {
+        b.first_chunk::<4>()
+            .map_or(0, |w| u64::from(u32::from_le_bytes(*w)))
+    };
+    match r {
+        0 => 0,
+        _ if bytes.len() >= 8 => {
+            let w = last(8)
+                .first_chunk::<8>()
+                .map_or(0, |w| u64::from_le_bytes(*w));
+            w >> ((8 - r) * 8)
+        }
+        4.. => word4(bytes) | (word4(last(4)) << ((r - 4) * 8)),
+        _ => bytes.iter().rev().fold(0, |v, &b| (v << 8) | u64::from(b)),
+    }
+}
+
 impl Deref for Name {
     type Target = str;
     fn deref(&self) -> &str {
@@ -123,6 +150,19 @@ impl<'de> Deserialize<'de> for Name {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `tail_word` is exactly the copy into a zeroed word that it replaces, at every length.
+    #[test]
+    fn tail_word_is_the_zero_padded_remainder() {
+        let bytes: Vec<u8> = (1u8..=40).map(|i| i.wrapping_mul(37)).collect();
+        for n in 0..=bytes.len() {
+            let b = &bytes[..n];
+            let rest = b.chunks_exact(8).remainder();
+            let mut w = [0u8; 8];
+            w[..rest.len()].copy_from_slice(rest);
+            assert_eq!(tail_word(b), u64::from_le_bytes(w), "length {n}");
+        }
+    }
 
     #[test]
     fn serialises_as_a_plain_string_and_compares_with_str() {

@@ -123,28 +123,9 @@ impl Hasher for NameHasher {
             b.copy_from_slice(c);
             self.mix(u64::from_le_bytes(b));
         }
-        let rest = chunks.remainder();
-        let r = rest.len();
+        let r = chunks.remainder().len();
         if r > 0 {
-            // The remainder's bytes, little-endian, read with overlapping wide loads from the
-            // slice itself (a memcpy into a buffer then a wide load would stall store forwarding).
-            let v = if bytes.len() >= 8 {
-                let mut a = [0u8; 8];
-                a.copy_from_slice(&bytes[bytes.len() - 8..]);
-                u64::from_le_bytes(a) >> ((8 - r) * 8)
-            } else if r >= 4 {
-                let mut lo = [0u8; 4];
-                let mut hi = [0u8; 4];
-                lo.copy_from_slice(&rest[..4]);
-                hi.copy_from_slice(&rest[r - 4..]);
-                u64::from(u32::from_le_bytes(lo))
-                    | (u64::from(u32::from_le_bytes(hi)) << ((r - 4) * 8))
-            } else {
-                rest.iter()
-                    .rev()
-                    .fold(0u64, |v, &b| (v << 8) | u64::from(b))
-            };
-            self.mix(v ^ ((r as u64) << 59));
+            self.mix(crate::tail_word(bytes) ^ ((r as u64) << 59));
         }
     }
 
